@@ -1,0 +1,48 @@
+"""The `recycle` console script: a thin dispatcher.
+
+Each part registers its own subcommands from a light module (argument definitions only); the heavy
+imports (OR-Tools, FastAPI, torch) happen inside the command that needs them, so `recycle --help`
+and `recycle plan` never load torch or the web stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module with `register(subparsers)`) for every part that adds commands; missing parts are skipped
+# so the planner works on an install without the api/executor extras.
+_PARTS = ("planner.cli", "api.cli", "executor.cli", "planner.bench_cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recycle",
+        description="Keep pipeline-parallel training at full speed when workers fail: plan, serve, "
+        "train and evaluate bubble-filling schedules.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _PARTS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

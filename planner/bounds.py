@@ -1,0 +1,69 @@
+"""Proven lower bounds on the steady-state period for a failure set (derivations in docs/design.md).
+
+Notation: stage s has `alive_s` workers, so its busiest worker runs at least
+`n_s = ceil(D*M / alive_s)` micro-batches; `hop_s` is the smallest delay of a hop between stages s and
+s+1 (same or cross pipeline); `k_s = floor(memory_limit / act_s)` is how many micro-batches a worker of
+stage s can hold at once. A worker's period is its busy time plus its idle time within one iteration,
+because it starts iteration i+1 only after its own optimizer step of iteration i.
+
+1. Work + warm-up (per stage s). Until the first B of the iteration reaches a worker, it can run only
+   forwards (W needs a B first), at most `k_s` of them, yet that first B cannot start before
+   `F_s + chain_s` after its first F, where `chain_s = sum_{t>s}(F_t + B_t) + sum_{t>=s} 2*hop_t`.
+   So P >= n_s*(F+B+W)_s + AR_s + OPT_s + max(0, F_s + chain_s - min(k_s, n_s)*F_s).
+   (More micro-batches never lower this expression, so the busiest worker gives the bound.)
+2. Round trip (stages a <= b). All stage-a workers start their all-reduce together, after every W of
+   stage a, and each starts its next iteration after its own optimizer, so for the stage-a worker
+   whose iteration starts first, P >= (time from that start to the last W end at stage a) + AR_a +
+   OPT_a. The busiest stage-b worker must run its n_b forwards and n_b input-gradients after the
+   first forward reaches it; the last of those gradients then travels back to stage a and its
+   W_a follows: P >= fwd_chain(a..b) + n_b*(F_b + B_b) + bwd_chain(b..a) + W_a + AR_a + OPT_a,
+   where the chains are the F (resp. B) times of the stages strictly between plus the hops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.spec import JobSpec, Worker
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    value_ms: float
+    reason: str
+
+
+def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
+    """The largest of the analytic bounds above; `reason` says which one binds."""
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    dead = set(map(tuple, failed))
+    alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+    busiest = [-(-D * M // a) for a in alive]
+    hop = [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
+           for s in range(S - 1)]
+    # The contract lets a validator read a per-stage hop as either stage's entry; the smallest of the
+    # two stages' entries keeps the bound valid under every reading.
+    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
+    best = Bound(0.0, "")
+
+    for s in range(S):
+        n = busiest[s]
+        k = int(costs.memory_limit_mb // costs.activation[s]) if costs.activation[s] > 0 else n
+        chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
+        warmup_idle = max(0.0, f[s] + chain - min(k, n) * f[s])
+        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + warmup_idle
+        if value > best.value_ms:
+            best = Bound(value, f"work+warm-up at stage {s}: {n} micro-batches on its busiest worker, "
+                                f"{warmup_idle:.3f} ms forced idle before its first B")
+
+    for a in range(S):
+        tail = w[a] + costs.allreduce[a] + costs.optimizer[a]
+        there = back = 0.0  # forward chain a..b-1 with hops, and the way back including B_a
+        for end_stage in range(a + 1, S):
+            there += f[end_stage - 1] + hop[end_stage - 1]
+            back += b[end_stage - 1] + hop[end_stage - 1]
+            value = there + busiest[end_stage] * (f[end_stage] + b[end_stage]) + back + tail
+            if value > best.value_ms:
+                best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
+    return best

@@ -1,0 +1,180 @@
+"""Constructive planner: event-driven list scheduling over all workers at once.
+
+Every worker, whenever it is free, picks among the ops whose inputs have arrived: B first (it is on
+the critical path back to stage 0), then F if the micro-batch's activations fit in memory, then W
+(movable, so it fills whatever gap is left, ZB-style). A policy adds the knobs worth a small grid
+search (as Zero Bubble's own heuristic does): whether a W may start when it would delay a gradient
+already on its way, and how many forwards a worker may run ahead of its backwards.
+
+The schedule is made for one iteration with all workers free at time 0; its steady-state period is
+measured afterwards by the simulator's replay of the op orders.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from planner.routing import Routing
+from planner.spec import JobSpec
+from planner.timeline import Op
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Knobs of the list scheduler."""
+
+    w_fills_gaps_only: bool = False
+    """When True, a W starts only if it ends before the next known gradient (B input) arrives;
+    otherwise the worker waits for that gradient. Memory pressure always lets W run."""
+    ahead_slack: int | None = 0
+    """A stage-s worker may run at most `S - s + ahead_slack` forwards ahead of its input
+    gradients (1F1B's warm-up depth plus slack; ZB-H1 uses 0). None: only memory bounds it. W's
+    are not counted here, so deferred W's use whatever memory is left (as in ZB-H1)."""
+    routing_rotation: int = 0
+    """Which alive peer receives the first re-routed micro-batch (see `balanced_routing`)."""
+
+    @property
+    def name(self) -> str:
+        cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
+        gaps = "gaps" if self.w_fills_gaps_only else "greedy"
+        return f"W={gaps},cap={cap},rot={self.routing_rotation}"
+
+
+def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
+    """A valid schedule for one iteration (rules 1-6 hold by construction)."""
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    dead = set(routing.failed)
+    alive = [(p, s) for p in range(D) for s in range(S) if (p, s) not in dead]
+    fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
+    hop_same = [costs.hop_ms(s, False) for s in range(S - 1)]
+    hop_cross = [costs.hop_ms(s, True) for s in range(S - 1)]
+    limit = costs.memory_limit_mb + 1e-9
+    slack = policy.ahead_slack
+    caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
+
+    # executor[s][mb] for mb = home * M + m
+    executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]
+
+    n = D * S
+    f_heap: list[list] = [[] for _ in range(n)]
+    b_heap: list[list] = [[] for _ in range(n)]
+    w_queue = [deque() for _ in range(n)]
+    mem = [0.0] * n
+    ahead = [0] * n
+    free_at = [0.0] * n
+    remaining = [0] * n
+    for p, s in alive:
+        remaining[p * S + s] = 3 * routing.load[p][s]
+    events: list[tuple[float, int, int]] = []
+    seq = 0
+    for mb in range(D * M):
+        q = executor[0][mb]
+        wi = q * S
+        # Interleave own and re-routed micro-batches by index at stage 0.
+        f_heap[wi].append((0.0, mb % M, mb // M, mb))
+    for p, s in alive:
+        if s == 0:
+            heapq.heapify(f_heap[p * S])
+            events.append((0.0, seq, p * S))
+            seq += 1
+    heapq.heapify(events)
+
+    ops: list[Op] = []
+    stage_left = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+    stage_done = [0.0] * S
+    push = heapq.heappush
+    pop = heapq.heappop
+
+    while events:
+        t, _, wi = pop(events)
+        if free_at[wi] > t + _EPS or remaining[wi] == 0:
+            continue
+        t = max(t, free_at[wi])  # never start inside the previous op, even by rounding
+        q, s = divmod(wi, S)
+        bh, fh, wq = b_heap[wi], f_heap[wi], w_queue[wi]
+        kind = None
+        if bh and bh[0][0] <= t + _EPS:
+            kind, mb = "B", pop(bh)[-1]
+        elif (
+            fh
+            and fh[0][0] <= t + _EPS
+            and mem[wi] + act[s] <= limit
+            and ahead[wi] < caps[s]
+        ):
+            kind, mb = "F", pop(fh)[-1]
+        elif wq:
+            blocked_f = bool(fh) and fh[0][0] <= t + _EPS
+            if (
+                policy.w_fills_gaps_only
+                and not blocked_f
+                and bh
+                and bh[0][0] < t + wgt[s] - _EPS
+                and (not fh or fh[0][0] > t + _EPS)
+            ):
+                # A gradient lands before this W would end: keep the worker free for it.
+                push(events, (bh[0][0], seq, wi))
+                seq += 1
+                continue
+            kind, mb = "W", wq.popleft()
+        if kind is None:
+            continue  # idle until the next arrival wakes this worker
+        home, m = divmod(mb, M)
+        if kind == "F":
+            end = t + fwd[s]
+            mem[wi] += act[s]
+            ahead[wi] += 1
+            if s < S - 1:
+                dq = executor[s + 1][mb]
+                arrival = end + (hop_same[s] if dq == q else hop_cross[s])
+                dwi = dq * S + s + 1
+                push(f_heap[dwi], (arrival, m, home, mb))
+                push(events, (arrival, seq, dwi))
+                seq += 1
+            else:
+                push(bh, (end, m, home, mb))
+        elif kind == "B":
+            end = t + bwd[s]
+            ahead[wi] -= 1
+            wq.append(mb)
+            if s > 0:
+                dq = executor[s - 1][mb]
+                arrival = end + (hop_same[s - 1] if dq == q else hop_cross[s - 1])
+                dwi = dq * S + s - 1
+                push(b_heap[dwi], (arrival, m, home, mb))
+                push(events, (arrival, seq, dwi))
+                seq += 1
+        else:
+            end = t + wgt[s]
+            mem[wi] -= act[s]
+        ops.append(Op((q, s), kind, (home, m), t, end))
+        free_at[wi] = end
+        push(events, (end, seq, wi))
+        seq += 1
+        remaining[wi] -= 1
+        if remaining[wi] == 0:
+            stage_done[s] = max(stage_done[s], end)
+            stage_left[s] -= 1
+            if stage_left[s] == 0:
+                ops.extend(_collectives(job, s, dead, stage_done[s]))
+    if any(remaining):
+        stuck = [divmod(i, S) for i, r in enumerate(remaining) if r]
+        raise RuntimeError(f"list scheduler stalled with work left on {stuck[:4]}")
+    return ops
+
+
+def _collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
+    """ALLREDUCE on every alive worker of stage s at one common start, each followed by OPTIMIZER."""
+    costs = job.costs
+    ar_end = at + costs.allreduce[s]
+    out = []
+    for p in range(job.pipelines):
+        if (p, s) in dead:
+            continue
+        out.append(Op((p, s), "ALLREDUCE", None, at, ar_end))
+        out.append(Op((p, s), "OPTIMIZER", None, ar_end, ar_end + costs.optimizer[s]))
+    return out

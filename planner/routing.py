@@ -1,0 +1,71 @@
+"""Which alive peer runs each micro-batch at each stage.
+
+Only a failed worker's micro-batches move, and only to alive workers of the same stage (rule 1).
+The extra work is spread so that every peer ends with as close to `ceil(D*M / alive)` micro-batches
+as possible (the per-worker work bound is driven by the most loaded peer), and each failed worker's
+micro-batches are dealt out in index order across the peers so the extra work arrives spread through
+the iteration rather than in one burst.
+"""
+
+from __future__ import annotations
+
+from planner.spec import JobSpec, Worker
+
+
+class Routing:
+    """`executor(home, m, s)` is the pipeline whose stage-s worker runs micro-batch (home, m)."""
+
+    __slots__ = ("job", "failed", "_moved", "load")
+
+    def __init__(self, job: JobSpec, failed: tuple[Worker, ...], moved: dict[tuple[int, int, int], int]):
+        self.job = job
+        self.failed = failed
+        self._moved = moved
+        self.load = [[0] * job.stages for _ in range(job.pipelines)]
+        dead = set(failed)
+        for p in range(job.pipelines):
+            for s in range(job.stages):
+                if (p, s) not in dead:
+                    self.load[p][s] = job.microbatches
+        for (_, _, s), q in moved.items():
+            self.load[q][s] += 1
+
+    def executor(self, home: int, m: int, s: int) -> int:
+        return self._moved.get((home, m, s), home)
+
+    @property
+    def moved(self) -> dict[tuple[int, int, int], int]:
+        return dict(self._moved)
+
+    def with_moves(self, moved: dict[tuple[int, int, int], int]) -> Routing:
+        return Routing(self.job, self.failed, moved)
+
+
+def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) -> Routing:
+    """Deal each failed worker's micro-batches round-robin over the least-loaded alive peers.
+
+    `rotate` shifts which peer receives the first moved micro-batch (the heuristic tries a few).
+    """
+    dead = set(failed)
+    moved: dict[tuple[int, int, int], int] = {}
+    for s in range(job.stages):
+        peers = [p for p in range(job.pipelines) if (p, s) not in dead]
+        homes = [p for p in range(job.pipelines) if (p, s) in dead]
+        if not homes:
+            continue
+        total = job.pipelines * job.microbatches
+        base, extra = divmod(total, len(peers))
+        # Target load per peer: the first `extra` peers (after rotation) take one more.
+        order = peers[rotate % len(peers):] + peers[: rotate % len(peers)]
+        quota = {p: base + (1 if i < extra else 0) - job.microbatches for i, p in enumerate(order)}
+        cursor = 0
+        for m in range(job.microbatches):
+            for home in homes:
+                for _ in range(len(order)):
+                    q = order[cursor % len(order)]
+                    cursor += 1
+                    if quota[q] > 0:
+                        break
+                quota[q] -= 1
+                moved[(home, m, s)] = q
+    return Routing(job, tuple(sorted(failed)), moved)

@@ -1,0 +1,190 @@
+"""The job spec (contract input) and the failure-set checks that depend on it.
+
+The field names and meanings follow `shared/docs/contracts.md` exactly; fields may be added, never
+renamed. Every `*_ms` field and `activation_mb` is a number or a list with one number per stage;
+`StageCosts` resolves them once into per-stage tuples so the hot loops never re-check the union.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PerStage = float | list[float]
+Worker = tuple[int, int]
+"""A worker is `(pipeline, stage)`."""
+
+_NON_NEGATIVE_FIELDS = (
+    "p2p_ms",
+    "cross_pipeline_p2p_ms",
+    "allreduce_ms",
+    "optimizer_ms",
+    "activation_mb",
+)
+_POSITIVE_FIELDS = ("forward_ms", "backward_input_ms", "backward_weight_ms")
+
+
+class SpecError(ValueError):
+    """A job spec or failure set that cannot be planned; the message names the field or stage."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class JobSpec(BaseModel):
+    """A pipeline-parallel training job: D pipelines of S stages, M micro-batches per pipeline."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    pipelines: Annotated[int, Field(ge=1, le=65536, description="Data-parallel degree D.")]
+    stages: Annotated[int, Field(ge=1, le=4096, description="Pipeline depth S.")]
+    microbatches: Annotated[
+        int, Field(ge=1, le=1_000_000, description="Micro-batches M per pipeline per iteration.")
+    ]
+    forward_ms: PerStage = Field(description="F: forward time of one micro-batch at a stage.")
+    backward_input_ms: PerStage = Field(description="B: gradient w.r.t. the stage input.")
+    backward_weight_ms: PerStage = Field(description="W: gradient w.r.t. the stage parameters.")
+    p2p_ms: PerStage = Field(description="Transfer delay between adjacent stages, same pipeline.")
+    cross_pipeline_p2p_ms: PerStage | None = Field(
+        default=None, description="Transfer delay when sender and receiver sit in different pipelines."
+    )
+    allreduce_ms: PerStage = Field(description="The stage's data-parallel gradient all-reduce.")
+    optimizer_ms: PerStage = Field(description="The stage's optimizer step.")
+    activation_mb: PerStage = Field(description="Memory one micro-batch holds from F start to W end.")
+    memory_limit_mb: float | None = Field(
+        default=None, description="Most memory any worker may hold at once (default S x max act)."
+    )
+
+    @model_validator(mode="after")
+    def _check_per_stage(self) -> JobSpec:
+        for name in _POSITIVE_FIELDS + _NON_NEGATIVE_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            values = value if isinstance(value, list) else [value]
+            if isinstance(value, list) and len(value) != self.stages:
+                raise ValueError(
+                    f"{name}: a per-stage list needs {self.stages} entries (one per stage), "
+                    f"got {len(value)}"
+                )
+            for i, v in enumerate(values):
+                where = f"{name}[{i}]" if isinstance(value, list) else name
+                if not (v == v) or v in (float("inf"), float("-inf")):
+                    raise ValueError(f"{where}: must be a finite number, got {v}")
+                if name in _POSITIVE_FIELDS and v <= 0:
+                    raise ValueError(f"{where}: must be > 0, got {v}")
+                if v < 0:
+                    raise ValueError(f"{where}: must be >= 0, got {v}")
+        if self.memory_limit_mb is not None:
+            limit = self.memory_limit_mb
+            if not (limit == limit) or limit in (float("inf"), float("-inf")) or limit <= 0:
+                raise ValueError(f"memory_limit_mb: must be a finite number > 0, got {limit}")
+            largest = max(_per_stage(self.activation_mb, self.stages))
+            if limit < largest:
+                raise ValueError(
+                    f"memory_limit_mb: {limit} MB is below one micro-batch's activations "
+                    f"({largest} MB), so no worker could run even one micro-batch"
+                )
+        return self
+
+    @classmethod
+    def parse(cls, data: Any) -> JobSpec:
+        """Validate a job spec, raising `SpecError` that names the offending field."""
+        if not isinstance(data, dict):
+            raise SpecError("job spec: expected a JSON object", field=None)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or None
+            msg = first["msg"].removeprefix("Value error, ")
+            raise SpecError(f"{field}: {msg}" if field and not msg.startswith(field) else msg,
+                            field=field or _field_from_message(msg)) from None
+
+    @cached_property
+    def costs(self) -> StageCosts:
+        """Per-stage numbers with defaults resolved."""
+        return StageCosts.of(self)
+
+    def filled(self) -> dict[str, Any]:
+        """The spec as JSON with defaults filled in (as the timeline's `job` field carries it)."""
+        data = self.model_dump(mode="json")
+        if data.get("cross_pipeline_p2p_ms") is None:
+            data["cross_pipeline_p2p_ms"] = data["p2p_ms"]
+        if data.get("memory_limit_mb") is None:
+            data["memory_limit_mb"] = self.costs.memory_limit_mb
+        return data
+
+    @property
+    def op_count(self) -> int:
+        """F, B and W ops of one iteration (the size that drives planning cost)."""
+        return 3 * self.pipelines * self.stages * self.microbatches
+
+    def workers(self) -> list[Worker]:
+        return [(p, s) for p in range(self.pipelines) for s in range(self.stages)]
+
+
+def _field_from_message(msg: str) -> str | None:
+    head = msg.split(":", 1)[0]
+    return head.split("[", 1)[0] if head and " " not in head else None
+
+
+def _per_stage(value: PerStage | None, stages: int) -> tuple[float, ...]:
+    if isinstance(value, list):
+        return tuple(float(v) for v in value)
+    return (float(value),) * stages
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """Per-stage durations (ms) and memory (MB), resolved from a `JobSpec`."""
+
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    p2p: tuple[float, ...]
+    cross_p2p: tuple[float, ...]
+    allreduce: tuple[float, ...]
+    optimizer: tuple[float, ...]
+    activation: tuple[float, ...]
+    memory_limit_mb: float
+
+    @classmethod
+    def of(cls, job: JobSpec) -> StageCosts:
+        s = job.stages
+        cross = job.cross_pipeline_p2p_ms if job.cross_pipeline_p2p_ms is not None else job.p2p_ms
+        activation = _per_stage(job.activation_mb, s)
+        limit = job.memory_limit_mb if job.memory_limit_mb is not None else s * max(activation)
+        return cls(
+            forward=_per_stage(job.forward_ms, s),
+            backward_input=_per_stage(job.backward_input_ms, s),
+            backward_weight=_per_stage(job.backward_weight_ms, s),
+            p2p=_per_stage(job.p2p_ms, s),
+            cross_p2p=_per_stage(cross, s),
+            allreduce=_per_stage(job.allreduce_ms, s),
+            optimizer=_per_stage(job.optimizer_ms, s),
+            activation=activation,
+            memory_limit_mb=float(limit),
+        )
+
+    def hop_ms(self, lower_stage: int, cross_pipeline: bool) -> float:
+        """Delay of a transfer between `lower_stage` and `lower_stage + 1` (either direction).
+
+        With per-stage lists the contract does not say whose entry a hop uses, so the planner takes
+        the larger of the two stages' values: a plan valid under that reading is valid under either.
+        """
+        table = self.cross_p2p if cross_pipeline else self.p2p
+        return max(table[lower_stage], table[lower_stage + 1])
+
+    def duration(self, kind: str, stage: int) -> float:
+        return {
+            "F": self.forward,
+            "B": self.backward_input,
+            "W": self.backward_weight,
+            "ALLREDUCE": self.allreduce,
+            "OPTIMIZER": self.optimizer,
+        }[kind][stage]
