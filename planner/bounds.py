@@ -6,11 +6,16 @@ s+1 (same or cross pipeline); `k_s = floor(memory_limit / act_s)` is how many mi
 stage s can hold at once. A worker's period is its busy time plus its idle time within one iteration,
 because it starts iteration i+1 only after its own optimizer step of iteration i.
 
-1. Work + warm-up (per stage s). Until the first B of the iteration reaches a worker, it can run only
-   forwards (W needs a B first), at most `k_s` of them, yet that first B cannot start before
-   `F_s + chain_s` after its first F, where `chain_s = sum_{t>s}(F_t + B_t) + sum_{t>=s} 2*hop_t`.
-   So P >= n_s*(F+B+W)_s + AR_s + OPT_s + max(0, F_s + chain_s - min(k_s, n_s)*F_s).
-   (More micro-batches never lower this expression, so the busiest worker gives the bound.)
+1. Work + fill + drain (per stage s). Until the first B of the iteration reaches a worker, it can run
+   only forwards (W needs a B first), at most `k_s` of them, yet that first B cannot start before
+   `F_s + chain_s` after its first F, where `chain_s = sum_{t>s}(F_t + B_t) + sum_{t>=s} 2*hop_t`:
+   fill idle >= F_s + chain_s - min(k_s, n_s)*F_s. After the worker's last F ends, that micro-batch's
+   B is again `chain_s` away, and meanwhile the worker can only run B/W of the at most k_s - 1 other
+   micro-batches it holds: drain idle >= chain_s - (min(k_s, n_s) - 1)*(B_s + W_s). When n_s > k_s the
+   two windows are disjoint (the (k+1)-th F needs memory that only a W frees, and a W needs a B), so
+   P >= n_s*(F+B+W)_s + AR_s + OPT_s + fill + drain; otherwise the larger of the two idles counts.
+   (More micro-batches never lower this expression, so the busiest worker gives the bound.) For the
+   Zero Bubble 6.2B profile at p=8, m=24 this is exactly ZB-H1's (p-1)(F+B-W) bubble plus hops.
 2. Round trip (stages a <= b). All stage-a workers start their all-reduce together, after every W of
    stage a, and each starts its next iteration after its own optimizer, so for the stage-a worker
    whose iteration starts first, P >= (time from that start to the last W end at stage a) + AR_a +
@@ -49,13 +54,18 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
 
     for s in range(S):
         n = busiest[s]
-        k = int(costs.memory_limit_mb // costs.activation[s]) if costs.activation[s] > 0 else n
+        k = int(costs.memory_limit_mb / costs.activation[s] + 1e-9) if costs.activation[s] > 0 else n
+        held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
-        warmup_idle = max(0.0, f[s] + chain - min(k, n) * f[s])
-        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + warmup_idle
+        warmup_idle = max(0.0, f[s] + chain - held * f[s])
+        drain_idle = max(0.0, chain - (held - 1) * (b[s] + w[s]))
+        # The windows before the first B and after the last F are disjoint when n > k (the
+        # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
+        idle = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle
         if value > best.value_ms:
-            best = Bound(value, f"work+warm-up at stage {s}: {n} micro-batches on its busiest worker, "
-                                f"{warmup_idle:.3f} ms forced idle before its first B")
+            best = Bound(value, f"work+fill+drain at stage {s}: {n} micro-batches on its busiest "
+                                f"worker, {idle:.3f} ms forced idle")
 
     for a in range(S):
         tail = w[a] + costs.allreduce[a] + costs.optimizer[a]

@@ -21,15 +21,27 @@ from planner.spec import JobSpec
 from planner.timeline import Op
 
 _EPS = 1e-9
+_INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Knobs of the list scheduler."""
 
-    w_fills_gaps_only: bool = False
-    """When True, a W starts only if it ends before the next known gradient (B input) arrives;
-    otherwise the worker waits for that gradient. Memory pressure always lets W run."""
+    w_tolerance: float | None = None
+    """None: a W runs whenever nothing else can (greedy). A number x: a W runs only if it ends
+    before the next expected input gradient arrives plus x times W's duration; otherwise the worker
+    keeps itself free for that gradient (B is on the critical path, W can go anywhere later).
+    "Expected" is the exact arrival when the sender has started, else the uncongested round trip
+    from this worker's F. Memory pressure (an F waiting for room) always lets W run."""
+    w_yields_to_f: bool = False
+    """With `w_tolerance`, a W also keeps clear of a forward input already on its way."""
+    defer_w: bool = False
+    """Stages after the first run a W only when an F waits for memory or no input gradient is
+    outstanding: every B delayed at stage s > 0 delays the chain back to stage 0, while stage 0's
+    W's simply fill its own gaps (ZB-H1's W postponement, driven by memory instead of a fixed count)."""
+    f_yields: bool = False
+    """Apply the same rule to F: do not start an F that would delay an expected gradient."""
     ahead_slack: int | None = 0
     """A stage-s worker may run at most `S - s + ahead_slack` forwards ahead of its input
     gradients (1F1B's warm-up depth plus slack; ZB-H1 uses 0). None: only memory bounds it. W's
@@ -40,8 +52,10 @@ class Policy:
     @property
     def name(self) -> str:
         cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
-        gaps = "gaps" if self.w_fills_gaps_only else "greedy"
-        return f"W={gaps},cap={cap},rot={self.routing_rotation}"
+        gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
+        f = (",F=yield" if self.f_yields else "") + (",W>F" if self.w_yields_to_f else "")
+        f += ",defer" if self.defer_w else ""
+        return f"W={gaps}{f},cap={cap},rot={self.routing_rotation}"
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -57,6 +71,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     slack = policy.ahead_slack
     caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
 
+    # Uncongested time from the end of a micro-batch's F at stage s to its gradient arriving back.
+    round_trip = [
+        sum(fwd[t] + bwd[t] for t in range(s + 1, S)) + 2 * sum(hop_same[s:]) for s in range(S)
+    ]
+    yield_w = policy.w_tolerance
+    f_yields = policy.f_yields
+    defer_w = policy.defer_w
+    yield_f_arrivals = policy.w_yields_to_f
     # executor[s][mb] for mb = home * M + m
     executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]
 
@@ -66,6 +88,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     w_queue = [deque() for _ in range(n)]
     mem = [0.0] * n
     ahead = [0] * n
+    expected: list[list] = [[] for _ in range(n)]  # (expected gradient arrival, mb) per worker
+    known: list[set] = [set() for _ in range(n)]  # mbs whose gradient arrival time is known
     free_at = [0.0] * n
     remaining = [0] * n
     for p, s in alive:
@@ -100,27 +124,37 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         kind = None
         if bh and bh[0][0] <= t + _EPS:
             kind, mb = "B", pop(bh)[-1]
-        elif (
-            fh
-            and fh[0][0] <= t + _EPS
-            and mem[wi] + act[s] <= limit
-            and ahead[wi] < caps[s]
-        ):
-            kind, mb = "F", pop(fh)[-1]
-        elif wq:
-            blocked_f = bool(fh) and fh[0][0] <= t + _EPS
-            if (
-                policy.w_fills_gaps_only
-                and not blocked_f
-                and bh
-                and bh[0][0] < t + wgt[s] - _EPS
-                and (not fh or fh[0][0] > t + _EPS)
+        else:
+            f_ready = bool(fh) and fh[0][0] <= t + _EPS
+            f_room = mem[wi] + act[s] <= limit
+            next_b = _INF
+            if yield_w is not None or f_yields:
+                ex, kn = expected[wi], known[wi]
+                while ex and (ex[0][1] in kn or ex[0][0] <= t):
+                    pop(ex)  # arrival now known, or late (congested): stop waiting on the estimate
+                next_b = min(bh[0][0] if bh else _INF, ex[0][0] if ex else _INF)
+                if yield_f_arrivals and fh and not f_ready and ahead[wi] < caps[s]:
+                    next_b = min(next_b, fh[0][0])
+            if f_ready and f_room and ahead[wi] < caps[s] and (
+                not f_yields or t + fwd[s] <= next_b + _EPS
             ):
-                # A gradient lands before this W would end: keep the worker free for it.
-                push(events, (bh[0][0], seq, wi))
+                kind, mb = "F", pop(fh)[-1]
+            elif wq:
+                if defer_w and s > 0 and ahead[wi] > 0 and not (f_ready and not f_room):
+                    continue  # wait for the outstanding gradient; W's go once it is drained
+                if (
+                    yield_w is not None
+                    and not (f_ready and not f_room)
+                    and t + wgt[s] > next_b + yield_w * wgt[s] + _EPS
+                ):
+                    push(events, (next_b, seq, wi))  # stay free for the gradient
+                    seq += 1
+                    continue
+                kind, mb = "W", wq.popleft()
+            elif f_ready and f_room and ahead[wi] < caps[s]:
+                push(events, (next_b, seq, wi))
                 seq += 1
                 continue
-            kind, mb = "W", wq.popleft()
         if kind is None:
             continue  # idle until the next arrival wakes this worker
         home, m = divmod(mb, M)
@@ -128,6 +162,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             end = t + fwd[s]
             mem[wi] += act[s]
             ahead[wi] += 1
+            if s < S - 1:
+                push(expected[wi], (end + round_trip[s], mb))
             if s < S - 1:
                 dq = executor[s + 1][mb]
                 arrival = end + (hop_same[s] if dq == q else hop_cross[s])
@@ -137,6 +173,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 seq += 1
             else:
                 push(bh, (end, m, home, mb))
+                known[wi].add(mb)
         elif kind == "B":
             end = t + bwd[s]
             ahead[wi] -= 1
@@ -146,6 +183,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 arrival = end + (hop_same[s - 1] if dq == q else hop_cross[s - 1])
                 dwi = dq * S + s - 1
                 push(b_heap[dwi], (arrival, m, home, mb))
+                known[dwi].add(mb)
                 push(events, (arrival, seq, dwi))
                 seq += 1
         else:
@@ -160,14 +198,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             stage_done[s] = max(stage_done[s], end)
             stage_left[s] -= 1
             if stage_left[s] == 0:
-                ops.extend(_collectives(job, s, dead, stage_done[s]))
+                ops.extend(collectives(job, s, dead, stage_done[s]))
     if any(remaining):
         stuck = [divmod(i, S) for i, r in enumerate(remaining) if r]
         raise RuntimeError(f"list scheduler stalled with work left on {stuck[:4]}")
     return ops
 
 
-def _collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
+def collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
     """ALLREDUCE on every alive worker of stage s at one common start, each followed by OPTIMIZER."""
     costs = job.costs
     ar_end = at + costs.allreduce[s]

@@ -52,7 +52,9 @@ class InstructionStream(BaseModel):
     instructions: list[Instruction]
 
 
-def instruction_stream(job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker) -> InstructionStream:
+def instruction_stream(
+    job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker
+) -> InstructionStream:
     """The instruction stream of `worker` for the plan `ops` (which must be valid)."""
     p, s = worker
     dead = set(map(tuple, failed))

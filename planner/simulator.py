@@ -136,9 +136,8 @@ def _check_order(job, where) -> list[str]:
                     problems.append(
                         f"rule 3: B of [{hp}, {m}] at stage {s} starts before its gradient arrives"
                     )
-        elif kind == "W":
-            if op.start_ms + EPS < where[("B", hp, m, s)].end_ms:
-                problems.append(f"rule 3: W of [{hp}, {m}] at stage {s} starts before its B ends")
+        elif kind == "W" and op.start_ms + EPS < where[("B", hp, m, s)].end_ms:
+            problems.append(f"rule 3: W of [{hp}, {m}] at stage {s} starts before its B ends")
     return problems
 
 

@@ -78,8 +78,9 @@ def heuristic_policies(job: JobSpec) -> list[Policy]:
     if job.op_count > HEURISTIC_GRID_MAX_OPS:
         return [Policy()]
     return [
-        Policy(w_fills_gaps_only=gaps, ahead_slack=slack, routing_rotation=rot)
-        for gaps in (False, True)
+        Policy(w_tolerance=tolerance, w_yields_to_f=tolerance is not None, ahead_slack=slack,
+               routing_rotation=rot)
+        for tolerance in (None, 0.0, 0.5)
         for slack in (0, 1, None)
         for rot in (0, 1)
     ]
@@ -161,6 +162,17 @@ def _replicate(job: JobSpec, single_ops: list[Op]) -> list[Op]:
     ]
 
 
+def _to_concrete(canonical: CanonicalFailure, op: Op) -> Op:
+    mb = op.microbatch
+    return Op(
+        canonical.concrete_worker(op.worker),
+        op.kind,
+        None if mb is None else (canonical.to_concrete[mb[0]], mb[1]),
+        op.start_ms,
+        op.end_ms,
+    )
+
+
 def plan(
     job: JobSpec,
     failed: tuple[Worker, ...] | list = (),
@@ -188,16 +200,7 @@ def plan(
     else:
         left = max(0.0, time_limit_s - (time.perf_counter() - started))
         ops, period, stats, reason = _solve_canonical(job, canonical.failed, left, use_cp, seed)
-        ops = [
-            Op(
-                canonical.concrete_worker(op.worker),
-                op.kind,
-                None if op.microbatch is None else (canonical.to_concrete[op.microbatch[0]], op.microbatch[1]),
-                op.start_ms,
-                op.end_ms,
-            )
-            for op in ops
-        ]
+        ops = [_to_concrete(canonical, op) for op in ops]
     concrete_failed = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
     if check:
         violations = validate(job, concrete_failed, ops)
