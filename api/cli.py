@@ -1,0 +1,53 @@
+"""`recycle serve`: argument definitions only; FastAPI and uvicorn are imported when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the plan service (REST API + coordinator)",
+        description="Run the plan service under uvicorn. Settings not given here come from RECYCLE_* "
+        "environment variables (see docs/notes/api.md).")
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1; RECYCLE_HOST)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 8000; RECYCLE_PORT)")
+    parser.add_argument("--database-url", default=None,
+                        help="sqlite:///FILE (default sqlite:///recycle.db) or postgresql+psycopg://...")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                   ("database_url", args.database_url)) if v is not None}
+    try:
+        settings = Settings(**overrides)
+        settings.check()
+    except ValueError as exc:
+        print(f"recycle serve: {exc}", file=sys.stderr)
+        return 2
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
+        print(f"recycle serve: warning: listening on {settings.host} without RECYCLE_API_TOKEN",
+              file=sys.stderr)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            log_level=settings.log_level.lower(), access_log=False,
+                            timeout_graceful_shutdown=5, h11_max_incomplete_event_size=65536,
+                            limit_concurrency=None, backlog=2048)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":  # `python -m api.cli` runs the service without the recycle dispatcher
+
+    ns = argparse.ArgumentParser(prog="python -m api.cli")
+    sub = ns.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = ns.parse_args(sys.argv[1:] or ["serve"])
+    sys.exit(args.run(args))

@@ -1,0 +1,290 @@
+"""The coordinator: membership generations per job, heartbeats, failures, rejoins, long-polls.
+
+The service owns each job's generation. A failure report, a rejoin or a missed heartbeat moves the
+job to generation G+1 with the new failure set and its plan (stored if precomputed, else solved; the
+generation is `solving` until the plan exists). Long-polls for "after G" wake on every change and
+answer once generation > G is settled (`running` with a plan, or `stopped` when a stage has no
+survivor). Heartbeats stay in memory (hundreds per second); registrations and generations are stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from api import logs
+from api.metrics import Metrics
+from api.plan_service import PlanService
+from api.problems import Problem
+from api.settings import Settings
+from api.solver import in_thread
+from api.store import JobRow, Store
+from planner.spec import SpecError, Worker
+
+log = logs.get("coordinator")
+
+
+@dataclass
+class Membership:
+    job: JobRow
+    generation: int = 1
+    failed: tuple[Worker, ...] = ()
+    plan_id: str | None = None
+    status: str = "solving"  # solving | running | stopped
+    reason: str | None = None
+    iteration_ms: float | None = None
+    last_seen: dict[Worker, float] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    deleted: bool = False
+
+    def notify(self) -> None:
+        """Wake every long-poll waiting on this job; later waiters get a fresh event."""
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+
+class Coordinator:
+    def __init__(self, settings: Settings, store: Store, plans: PlanService, metrics: Metrics):
+        self.settings, self.store, self.plans, self.metrics = settings, store, plans, metrics
+        self._members: dict[str, Membership] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._watchdog: asyncio.Task | None = None
+
+    # --------------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._watchdog = asyncio.create_task(self._watch())
+
+    def shutdown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def forget_job(self, job_id: str) -> None:
+        m = self._members.pop(job_id, None)
+        if m is not None:
+            m.deleted = True
+            m.notify()
+        self.metrics.forget_job(job_id)
+
+    async def membership(self, job: JobRow) -> Membership:
+        m = self._members.get(job.id)
+        if m is not None:
+            return m
+        lock = self._loading.setdefault(job.id, asyncio.Lock())
+        async with lock:
+            m = self._members.get(job.id)
+            if m is not None:
+                return m
+            stored = await in_thread(self.store.load_membership, job.id)
+            registered = await in_thread(self.store.registrations, job.id)
+            now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
+            m = Membership(job=job, last_seen={w: now for w in registered})
+            if stored is None:
+                await self._settle(m, (), cause="job started")
+            else:
+                m.generation, m.failed = stored["generation"], tuple(stored["failed"])
+                m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
+                if m.status == "solving" or (m.status == "running" and m.plan_id):
+                    await self._settle(m, m.failed, cause=m.reason, bump=False)
+            self._members[job.id] = m
+            self._publish(m)
+            return m
+
+    # ------------------------------------------------------------------------------ transitions
+    async def _settle(self, m: Membership, failed: tuple[Worker, ...], cause: str | None,
+                      bump: bool = False) -> None:
+        """Set the failure set and its plan (caller holds `m.lock` or owns `m` exclusively)."""
+        if bump:
+            m.generation += 1
+        m.failed = tuple(sorted(set(failed)))
+        m.reason, m.iteration_ms = cause, None
+        try:
+            plan, future = await self.plans.request(m.job, list(m.failed))
+        except SpecError as exc:  # a stage has no surviving worker: nothing can run
+            m.status, m.plan_id, m.reason = "stopped", None, str(exc)
+        else:
+            m.plan_id = plan.id
+            if future is None:
+                self._apply_plan(m, plan.status, plan.summary, plan.error)
+            else:
+                m.status = "solving"
+                asyncio.ensure_future(self._when_solved(m, m.generation, plan.id, future))
+        await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
+                        m.status, m.reason)
+        self._publish(m)
+        m.notify()
+
+    def _apply_plan(self, m: Membership, status: str, summary: dict | None, error: str | None) -> None:
+        if status == "done" and summary is not None:
+            m.status, m.iteration_ms = "running", summary.get("objective_ms")
+        else:
+            m.status = "stopped"
+            m.reason = f"no plan for failure set {[list(w) for w in m.failed]}: {error or status}"
+
+    async def _when_solved(self, m: Membership, generation: int, plan_id: str,
+                           future: asyncio.Future) -> None:
+        await asyncio.shield(future)
+        async with m.lock:
+            if m.deleted or m.generation != generation or m.plan_id != plan_id:
+                return  # the membership moved on while this plan was solving
+            plan = await self.plans.get(m.job, plan_id)
+            if plan.status == "pending":  # solve aborted; retry rather than leave workers waiting
+                await self._settle(m, m.failed, m.reason)
+                return
+            self._apply_plan(m, plan.status, plan.summary, plan.error)
+            await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
+                            m.status, m.reason)
+            log.info("generation ready", extra={"job_id": m.job.id, "generation": m.generation,
+                                                "status": m.status})
+            m.notify()
+
+    async def _change(self, m: Membership, failed: set[Worker], cause: str) -> None:
+        async with m.lock:
+            if set(failed) == set(m.failed):
+                return
+            await self._settle(m, tuple(failed), cause, bump=True)
+            log.info("generation changed", extra={"job_id": m.job.id, "generation": m.generation,
+                                                  "failed": [list(w) for w in m.failed], "cause": cause,
+                                                  "status": m.status})
+
+    # ------------------------------------------------------------------------------------ routes
+    def check_worker(self, job: JobRow, worker: Worker, field_name: str = "worker") -> None:
+        p, s = worker
+        if not (0 <= p < job.job.pipelines and 0 <= s < job.job.stages):
+            raise Problem(403, f"worker [{p}, {s}] is not part of job {job.id} ({job.job.pipelines} "
+                          f"pipelines x {job.job.stages} stages); refused", field=field_name)
+
+    async def heartbeat(self, job: JobRow, worker: Worker, address: str | None, pid: int | None) -> dict:
+        self.check_worker(job, worker)
+        m = await self.membership(job)
+        if worker not in m.last_seen or address is not None or pid is not None:
+            await in_thread(self.store.register_worker, job.id, worker, address, pid)
+        m.last_seen[worker] = time.monotonic()
+        self._publish(m)
+        return self._state(m, worker)
+
+    async def report_failure(self, job: JobRow, worker: Worker, reporter: Worker | None,
+                             reason: str | None) -> dict:
+        self.check_worker(job, worker)
+        if reporter is not None:
+            self.check_worker(job, reporter, "reporter")
+        m = await self.membership(job)
+        if worker not in m.failed:
+            by = f" by {list(reporter)}" if reporter else ""
+            await self._change(m, set(m.failed) | {worker}, f"worker {list(worker)} reported failed{by}"
+                               + (f": {reason}" if reason else ""))
+        return self._state(m, worker)
+
+    async def report_rejoin(self, job: JobRow, worker: Worker) -> dict:
+        self.check_worker(job, worker)
+        m = await self.membership(job)
+        if worker not in m.failed:
+            raise Problem(409, f"worker {list(worker)} is not in the failure set of generation "
+                          f"{m.generation}; nothing to rejoin", field="worker")
+        m.last_seen[worker] = time.monotonic()
+        await self._change(m, set(m.failed) - {worker}, f"worker {list(worker)} rejoined")
+        return self._state(m, worker)
+
+    def _state(self, m: Membership, worker: Worker | None = None) -> dict:
+        out = {
+            "job_id": m.job.id,
+            "generation": m.generation,
+            "status": m.status,
+            "reason": m.reason,
+            "failed": [list(w) for w in m.failed],
+            "plan_id": m.plan_id,
+            "iteration_ms": m.iteration_ms,
+            "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+            "heartbeat_timeout_s": self.settings.heartbeat_timeout_s,
+        }
+        if worker is not None:
+            out["worker"] = list(worker)
+            out["excluded"] = worker in m.failed
+        return out
+
+    async def state(self, job: JobRow) -> dict:
+        m = await self.membership(job)
+        registered = await in_thread(self.store.registrations, job.id)
+        now = time.monotonic()
+        out = self._state(m)
+        out["workers"] = [
+            {"worker": list(w), "address": info["address"], "pid": info["pid"],
+             "failed": w in m.failed,
+             "seconds_since_heartbeat": round(now - m.last_seen[w], 3) if w in m.last_seen else None}
+            for w, info in sorted(registered.items())]
+        return out
+
+    async def assignment(self, job: JobRow, worker: Worker, after: int, wait_s: float) -> bytes | None:
+        """The assignment of generation > `after` once it is settled, or None when `wait_s` passes."""
+        self.check_worker(job, worker)
+        m = await self.membership(job)
+        deadline = time.monotonic() + wait_s
+        while not (m.generation > after and m.status != "solving"):
+            event = m.changed
+            remaining = deadline - time.monotonic()
+            if m.deleted or remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return None
+        return await self._assignment_body(m, worker)
+
+    async def _assignment_body(self, m: Membership, worker: Worker) -> bytes:
+        generation, status, plan_id, failed = m.generation, m.status, m.plan_id, m.failed
+        reason, iteration_ms = m.reason, m.iteration_ms
+        instructions = b"null"
+        if worker in failed:
+            status = "excluded"
+            reason = (f"worker {list(worker)} is in the failure set of generation {generation}; "
+                      "report a rejoin (POST .../rejoins) to come back")
+        elif status == "running" and plan_id is not None:
+            plan = await self.plans.get(m.job, plan_id)
+            instructions = await self.plans.stream(m.job, plan, worker)
+        job = m.job.job
+        dead = set(failed)
+        head = {
+            "job_id": m.job.id,
+            "generation": generation,
+            "status": status,
+            "reason": reason,
+            "plan_id": plan_id,
+            "failed": [list(w) for w in failed],
+            "worker": list(worker),
+            "alive": [[p, s] for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead],
+            "iteration_ms": iteration_ms,
+            "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+            "heartbeat_timeout_s": self.settings.heartbeat_timeout_s,
+        }
+        # The stream is cached as JSON bytes: splice it in rather than parse and re-serialize it.
+        head_json = json.dumps(head, separators=(",", ":")).encode()
+        return head_json[:-1] + b',"instructions":' + instructions + b"}"
+
+    # ---------------------------------------------------------------------------------- watchdog
+    async def _watch(self) -> None:
+        period = min(0.25, self.settings.heartbeat_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for m in list(self._members.values()):
+                silent = {w for w, seen in m.last_seen.items()
+                          if now - seen > self.settings.heartbeat_timeout_s and w not in m.failed}
+                if silent:
+                    names = ", ".join(str(list(w)) for w in sorted(silent))
+                    try:
+                        timeout = self.settings.heartbeat_timeout_s
+                        cause = f"missed heartbeats for {timeout} s: {names}"
+                        await self._change(m, set(m.failed) | silent, cause)
+                    except Exception as exc:  # keep watching the other jobs
+                        log.error("watchdog transition failed", exc_info=exc, extra={"job_id": m.job.id})
+                self._publish(m)
+
+    def _publish(self, m: Membership) -> None:
+        now = time.monotonic()
+        alive = sum(1 for w, seen in m.last_seen.items()
+                    if w not in m.failed and now - seen <= self.settings.heartbeat_timeout_s)
+        self.metrics.generation.labels(m.job.id).set(m.generation)
+        self.metrics.alive_workers.labels(m.job.id).set(alive)
+        self.metrics.failed_workers.labels(m.job.id).set(len(m.failed))

@@ -1,0 +1,156 @@
+"""The persistent store's schema and its migrations (SQLAlchemy Core; SQLite and PostgreSQL).
+
+Migrations are numbered functions run in order inside one transaction each, recorded in
+`recycle_schema`. They use only portable DDL so one code path serves both databases. PostgreSQL
+serializes concurrent migrators with an advisory lock; SQLite with `BEGIN IMMEDIATE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.engine import Connection
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("spec", Text, nullable=False, comment="the job spec JSON, defaults filled in"),
+    Column("pipelines", Integer, nullable=False),
+    Column("stages", Integer, nullable=False),
+    Column("microbatches", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# One row per (job, canonical failure class): the solve is shared by every concrete failure set of
+# the class, and the stored timeline is the canonical plan (pipelines relabelled per request).
+solves = Table(
+    "solves", metadata,
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("class_key", String(512), primary_key=True),
+    Column("status", String(16), nullable=False, comment="pending | done | failed"),
+    Column("summary", Text, nullable=True),
+    Column("timeline", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("solved_at", Float, nullable=True),
+)
+
+# A plan resource: one concrete failure set of a job, pointing at its class's solve.
+plans = Table(
+    "plans", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("failed_key", String(512), nullable=False),
+    Column("class_key", String(512), nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("job_id", "failed_key", name="uq_plans_job_failed"),
+)
+
+operations = Table(
+    "operations", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("max_failures", Integer, nullable=False),
+    Column("status", String(16), nullable=False, comment="running | done | cancelled | failed"),
+    Column("total", Integer, nullable=False),
+    Column("done", Integer, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+memberships = Table(
+    "memberships", metadata,
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("generation", Integer, nullable=False),
+    Column("failed", Text, nullable=False, comment="JSON list of [pipeline, stage]"),
+    Column("plan_id", String(32), nullable=True),
+    Column("status", String(16), nullable=False, comment="solving | running | stopped"),
+    Column("reason", Text, nullable=True),
+    Column("updated_at", Float, nullable=False),
+)
+
+registrations = Table(
+    "registrations", metadata,
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("pipeline", Integer, primary_key=True),
+    Column("stage", Integer, primary_key=True),
+    Column("address", String(256), nullable=True),
+    Column("pid", Integer, nullable=True),
+    Column("registered_at", Float, nullable=False),
+)
+
+schema_table = Table("recycle_schema", MetaData(), Column("version", Integer, nullable=False))
+
+
+def _v1_initial(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[jobs, solves, plans, operations, memberships, registrations])
+
+
+def _v2_indexes(conn: Connection) -> None:
+    Index("ix_plans_job", plans.c.job_id).create(conn)
+    Index("ix_operations_job", operations.c.job_id).create(conn)
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1_initial), (2, _v2_indexes)]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                               pool_size=8, max_overflow=8)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # WAL: readers never wait for the writer
+            dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below be the only one
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):  # writers take the lock up front: no deadlocking lock upgrades
+            immediate = conn.get_execution_options().get("immediate")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the schema to `SCHEMA_VERSION`; safe to call from several processes at once."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(74737001)"))
+        schema_table.create(conn, checkfirst=True)
+        current = conn.execute(schema_table.select()).scalar()
+        if current is None:
+            conn.execute(schema_table.insert().values(version=0))
+            current = 0
+        for version, step in MIGRATIONS:
+            if version > current:
+                step(conn)
+                conn.execute(schema_table.update().values(version=version))
+                current = version
+        return current

@@ -1,0 +1,126 @@
+"""Concrete plans built from stored canonical ones, and the per-worker instruction streams, cached.
+
+The store keeps one canonical plan per failure class; a request names concrete workers. Mapping is a
+relabelling of pipelines (`CanonicalFailure.to_concrete`), applied to the timeline dict. Streams are
+computed per worker from that worker's ops plus the F/B placements on the neighbouring stages only,
+so serving one worker of a 512-worker job costs its own ops, not the whole plan's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from planner.failures import normalize
+from planner.instructions import instruction_stream
+from planner.spec import JobSpec, Worker
+from planner.timeline import Op
+
+
+def failed_key(failed: tuple[Worker, ...]) -> str:
+    return ";".join(f"{p}:{s}" for p, s in failed) or "none"
+
+
+def parse_failed_key(key: str) -> tuple[Worker, ...]:
+    if key == "none":
+        return ()
+    return tuple((int(p), int(s)) for p, s in (part.split(":") for part in key.split(";")))
+
+
+def concrete_timeline(job: JobSpec, failed: tuple[Worker, ...],
+                      canonical_doc: dict[str, Any]) -> dict[str, Any]:
+    """The canonical plan's timeline relabelled onto the concrete failure set `failed`."""
+    perm = normalize(job, failed).to_concrete
+    if all(c == p for c, p in enumerate(perm)):
+        return canonical_doc
+    ops = []
+    for o in canonical_doc["ops"]:
+        op = dict(o)
+        op["worker"] = [perm[o["worker"][0]], o["worker"][1]]
+        if o.get("microbatch") is not None:
+            op["microbatch"] = [perm[o["microbatch"][0]], o["microbatch"][1]]
+        ops.append(op)
+    ops.sort(key=lambda o: (o["worker"][0], o["worker"][1], o["start_ms"]))
+    return {**canonical_doc, "failed": [list(w) for w in failed], "ops": ops}
+
+
+class PlanMaterial:
+    """One concrete plan, ready to serve: timeline bytes and an index for instruction streams."""
+
+    def __init__(self, job: JobSpec, failed: tuple[Worker, ...], doc: dict[str, Any]):
+        self.job = job
+        self.failed = failed
+        self.doc = doc
+        self._timeline_bytes: bytes | None = None
+        self._by_worker: dict[Worker, list[Op]] = {}
+        self._fb_at: dict[tuple[str, tuple[int, int], int], Op] = {}
+        for o in doc["ops"]:
+            mb = o.get("microbatch")
+            op = Op((o["worker"][0], o["worker"][1]), o["kind"], None if mb is None else (mb[0], mb[1]),
+                    o["start_ms"], o["end_ms"])
+            self._by_worker.setdefault(op.worker, []).append(op)
+            if op.kind in ("F", "B") and op.microbatch is not None:
+                self._fb_at[(op.kind, op.microbatch, op.worker[1])] = op
+        self._lock = threading.Lock()
+
+    @property
+    def timeline_bytes(self) -> bytes:
+        if self._timeline_bytes is None:
+            self._timeline_bytes = json.dumps(self.doc, separators=(",", ":")).encode()
+        return self._timeline_bytes
+
+    def stream_json(self, worker: Worker) -> bytes:
+        """The worker's `InstructionStream` as JSON bytes (the worker must be alive)."""
+        own = self._by_worker.get(worker, [])
+        s = worker[1]
+        near: list[Op] = []
+        for op in own:
+            if op.microbatch is None or op.kind not in ("F", "B"):
+                continue
+            for stage in (s - 1, s + 1):
+                other = self._fb_at.get((op.kind, op.microbatch, stage))
+                if other is not None:
+                    near.append(other)
+        return instruction_stream(self.job, self.failed, own + near, worker).model_dump_json().encode()
+
+
+class MaterialCache:
+    """LRU caches of concrete plans (few, large) and streams (many, small). Thread-safe."""
+
+    def __init__(self, plans: int = 6, streams: int = 8192):
+        self._plans: OrderedDict[tuple[str, str], PlanMaterial] = OrderedDict()
+        self._streams: OrderedDict[tuple[str, str, Worker], bytes] = OrderedDict()
+        self._max_plans, self._max_streams = plans, streams
+        self._lock = threading.Lock()
+
+    def plan(self, job_id: str, plan_id: str) -> PlanMaterial | None:
+        with self._lock:
+            found = self._plans.get((job_id, plan_id))
+            if found is not None:
+                self._plans.move_to_end((job_id, plan_id))
+            return found
+
+    def put_plan(self, job_id: str, plan_id: str, material: PlanMaterial) -> None:
+        with self._lock:
+            self._plans[(job_id, plan_id)] = material
+            while len(self._plans) > self._max_plans:
+                self._plans.popitem(last=False)
+
+    def stream(self, job_id: str, plan_id: str, worker: Worker) -> bytes | None:
+        with self._lock:
+            return self._streams.get((job_id, plan_id, worker))
+
+    def put_stream(self, job_id: str, plan_id: str, worker: Worker, data: bytes) -> None:
+        with self._lock:
+            self._streams[(job_id, plan_id, worker)] = data
+            while len(self._streams) > self._max_streams:
+                self._streams.popitem(last=False)
+
+    def forget_job(self, job_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._plans if k[0] == job_id]:
+                del self._plans[key]
+            for key in [k for k in self._streams if k[0] == job_id]:
+                del self._streams[key]

@@ -1,0 +1,38 @@
+"""Prometheus metrics, one registry per app (several apps in one process never collide)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SOLVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("recycle_http_requests", "HTTP requests served.",
+                                ["method", "route", "status"], registry=r)
+        self.request_seconds = Histogram("recycle_http_request_seconds", "Time to serve a request.",
+                                         ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.solve_seconds = Histogram("recycle_solve_seconds", "Wall time of one planner solve.",
+                                       buckets=_SOLVE_BUCKETS, registry=r)
+        self.solves = Counter("recycle_solves", "Planner solves finished.", ["outcome"], registry=r)
+        self.solves_in_flight = Gauge("recycle_solves_in_flight", "Solves running or queued.", registry=r)
+        self.plan_lookups = Counter(
+            "recycle_plan_lookups", "Plan requests: `hit` = a stored plan answered at once, `shared` = "
+            "joined a solve already running, `miss` = started a solve.", ["result"], registry=r)
+        self.generation = Gauge("recycle_generation", "Current membership generation.", ["job_id"],
+                                registry=r)
+        self.alive_workers = Gauge("recycle_alive_workers",
+                                   "Registered workers with a fresh heartbeat, not in the failure set.",
+                                   ["job_id"], registry=r)
+        self.failed_workers = Gauge("recycle_failed_workers", "Workers in the current failure set.",
+                                    ["job_id"], registry=r)
+
+    def forget_job(self, job_id: str) -> None:
+        for gauge in (self.generation, self.alive_workers, self.failed_workers):
+            with contextlib.suppress(KeyError):
+                gauge.remove(job_id)

@@ -1,0 +1,1 @@
+"""One router per resource: jobs, plans, operations (precompute), coordinator, ops (health, metrics)."""

@@ -1,0 +1,55 @@
+"""The coordinator the executor's worker daemons follow: heartbeat (= register), failure and rejoin
+reports, and the long-polled assignment of the next generation."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Path, Query, Response
+
+from api.deps import JobDep, ServicesDep
+from api.problems import ProblemDocument
+from api.schemas import Assignment, HeartbeatIn, MembershipDetail, MembershipState, WorkerReport
+
+router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["coordinator"],
+                   responses={403: {"model": ProblemDocument}, 404: {"model": ProblemDocument},
+                              422: {"model": ProblemDocument}})
+Index = Annotated[int, Path(ge=0, le=2**31 - 1)]
+
+
+@router.post("/workers/{pipeline}/{stage}/heartbeat", response_model=MembershipState)
+async def heartbeat(pipeline: Index, stage: Index, job: JobDep, services: ServicesDep,
+                    body: Annotated[HeartbeatIn | None, Body()] = None) -> dict:
+    """Register (first beat) or stay alive. Beat every `heartbeat_interval_s`; a registered worker
+    silent for `heartbeat_timeout_s` is declared failed."""
+    body = body or HeartbeatIn()
+    return await services.coordinator.heartbeat(job, (pipeline, stage), body.address, body.pid)
+
+
+@router.post("/failures", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
+async def report_failure(report: WorkerReport, job: JobDep, services: ServicesDep) -> dict:
+    return await services.coordinator.report_failure(job, report.worker, report.reporter, report.reason)
+
+
+@router.post("/rejoins", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
+async def report_rejoin(report: WorkerReport, job: JobDep, services: ServicesDep) -> dict:
+    return await services.coordinator.report_rejoin(job, report.worker)
+
+
+@router.get("/membership", response_model=MembershipDetail)
+async def membership(job: JobDep, services: ServicesDep) -> dict:
+    return await services.coordinator.state(job)
+
+
+@router.get("/workers/{pipeline}/{stage}/assignment", response_model=Assignment,
+            responses={204: {"description": "No newer settled generation within wait_s: poll again."}})
+async def assignment(
+    pipeline: Index, stage: Index, job: JobDep, services: ServicesDep,
+    after: Annotated[int, Query(ge=-1, le=2**31 - 1, description="Last generation this worker holds.")] = 0,
+    wait_s: Annotated[float, Query(ge=0, le=3600, description="Long-poll up to this long.")] = 30.0,
+) -> Response:
+    wait = min(wait_s, services.settings.max_wait_s)
+    body = await services.coordinator.assignment(job, (pipeline, stage), after, wait)
+    if body is None:
+        return Response(status_code=204)
+    return Response(body, media_type="application/json")

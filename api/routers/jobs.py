@@ -1,0 +1,61 @@
+"""Jobs: create (a contract job spec), get, list, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from api import logs
+from api.deps import JobDep, ServicesDep
+from api.problems import Problem, ProblemDocument
+from api.schemas import JobList, JobOut
+from api.solver import in_thread
+from api.store import JobRow
+from planner.spec import JobSpec
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"],
+                   responses={404: {"model": ProblemDocument}, 422: {"model": ProblemDocument}})
+log = logs.get("jobs")
+
+
+def job_out(row: JobRow) -> JobOut:
+    return JobOut(id=row.id, created_at=row.created_at, spec=row.job.filled(),
+                  workers=row.job.pipelines * row.job.stages, op_count=row.job.op_count)
+
+
+@router.post("", status_code=201, response_model=JobOut)
+async def create_job(spec: JobSpec, services: ServicesDep, response: Response) -> JobOut:
+    limit = services.settings.max_plan_ops
+    if spec.op_count > limit:
+        raise Problem(422, f"microbatches: job too large: 3 x {spec.pipelines} pipelines x {spec.stages} "
+                      f"stages x {spec.microbatches} microbatches = {spec.op_count} F/B/W ops per plan, "
+                      f"over this service's limit of {limit} (RECYCLE_MAX_PLAN_OPS)", field="microbatches")
+    row = await in_thread(services.store.create_job, spec)
+    services.jobs[row.id] = row
+    response.headers["Location"] = f"/v1/jobs/{row.id}"
+    log.info("job created", extra={"job_id": row.id, "pipelines": spec.pipelines, "stages": spec.stages,
+                                   "microbatches": spec.microbatches})
+    return job_out(row)
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(services: ServicesDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobList:
+    rows, total = await in_thread(services.store.list_jobs, limit, offset)
+    return JobList(items=[job_out(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+async def get_job(job: JobDep) -> JobOut:
+    return job_out(job)
+
+
+@router.delete("/{job_id}", status_code=204)
+async def delete_job(job: JobDep, services: ServicesDep) -> Response:
+    services.coordinator.forget_job(job.id)
+    services.jobs.pop(job.id, None)
+    services.plans.forget_job(job.id)
+    await in_thread(services.store.delete_job, job.id)
+    log.info("job deleted", extra={"job_id": job.id})
+    return Response(status_code=204)

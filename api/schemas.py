@@ -1,0 +1,139 @@
+"""Request and response bodies (they document the API in /openapi.json and /docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.instructions import InstructionStream
+
+WorkerRef = tuple[int, int]
+
+
+class JobOut(BaseModel):
+    id: str
+    created_at: float
+    spec: dict[str, Any] = Field(description="The job spec with defaults filled in.")
+    workers: int = Field(description="pipelines x stages.")
+    op_count: int = Field(description="F/B/W ops per iteration (3 x pipelines x stages x microbatches).")
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    failed: list[WorkerRef] = Field(default_factory=list, max_length=65536,
+                                    description="Failed workers as [pipeline, stage].")
+    wait_s: float = Field(default=10.0, ge=0, le=3600,
+                          description="How long to wait for a solve before answering 202 (capped by the "
+                          "service's RECYCLE_MAX_WAIT_S).")
+
+
+class PlanSummary(BaseModel):
+    id: str
+    job_id: str
+    failed: list[WorkerRef]
+    failure_class: str = Field(description="The canonical failure class (shared by relabelled sets).")
+    status: Literal["pending", "done", "failed"] = Field(
+        description="pending: being solved (poll this resource); done: ready; failed: the planner refused.")
+    iteration_ms: float | None = None
+    fault_free_iteration_ms: float | None = None
+    lower_bound_ms: float | None = None
+    gap: float | None = Field(default=None, description="iteration_ms / lower_bound_ms - 1.")
+    solver: dict[str, Any] | None = Field(default=None, description="Solver statistics of the solve.")
+    error: str | None = None
+    links: dict[str, str]
+
+
+class PrecomputeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_failures: int = Field(ge=0, le=64, description="Plan every failure class of up to k workers.")
+
+
+class OperationOut(BaseModel):
+    id: str
+    job_id: str
+    kind: Literal["precompute"]
+    status: Literal["running", "done", "cancelled", "failed"]
+    max_failures: int
+    done: int = Field(description="Failure classes planned (including ones stored before this run).")
+    total: int
+    progress: float = Field(description="done / total.")
+    eta_s: float | None = Field(default=None, description="Estimated seconds left (while running).")
+    error: str | None = None
+    created_at: float
+    updated_at: float
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(default=None, max_length=256, description="host:port where peers reach it.")
+    pid: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class WorkerReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker: WorkerRef = Field(description="The failed (or rejoining) worker [pipeline, stage].")
+    reporter: WorkerRef | None = Field(default=None, description="Who reports it (must be part of the job).")
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class MembershipState(BaseModel):
+    job_id: str
+    generation: int
+    status: Literal["solving", "running", "stopped"]
+    reason: str | None
+    failed: list[WorkerRef]
+    plan_id: str | None
+    iteration_ms: float | None
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    worker: WorkerRef | None = None
+    excluded: bool | None = Field(default=None, description="True when `worker` is in the failure set.")
+
+
+class RegisteredWorker(BaseModel):
+    worker: WorkerRef
+    address: str | None
+    pid: int | None
+    failed: bool
+    seconds_since_heartbeat: float | None
+
+
+class MembershipDetail(MembershipState):
+    workers: list[RegisteredWorker]
+
+
+class Assignment(BaseModel):
+    """What a worker runs in a generation. `instructions` is null unless status is `running`."""
+
+    job_id: str
+    generation: int
+    status: Literal["running", "stopped", "excluded"] = Field(
+        description="running: run `instructions`; stopped: a stage has no survivor (or no plan), stop "
+        "cleanly; excluded: this worker is in the failure set, rejoin to come back.")
+    reason: str | None
+    plan_id: str | None
+    failed: list[WorkerRef]
+    worker: WorkerRef
+    alive: list[WorkerRef]
+    iteration_ms: float | None
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    instructions: InstructionStream | None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: str
+    schema_version: int

@@ -1,0 +1,49 @@
+"""Service settings, read from `RECYCLE_*` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECYCLE_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///recycle.db",
+        description="SQLAlchemy URL: sqlite:///FILE (embedded default) or postgresql+psycopg://...",
+    )
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback unless told otherwise.")
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_token: SecretStr | None = Field(
+        default=None, description="When set, every route but /healthz needs `Authorization: Bearer`."
+    )
+
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body accepted.")
+    max_plan_ops: int = Field(
+        default=300_000, ge=1,
+        description="Largest job accepted: 3 x pipelines x stages x microbatches F/B/W ops per plan.",
+    )
+    max_precompute_classes: int = Field(default=20_000, ge=1, description="Most failure classes per run.")
+
+    solve_time_limit_s: float = Field(default=10.0, gt=0, description="Planner time limit per solve.")
+    use_cp: bool = Field(default=True, description="Let the planner run CP-SAT after its heuristic.")
+    solver_processes: int = Field(default=1, ge=1, description="Size of the solve process pool.")
+    max_wait_s: float = Field(default=60.0, gt=0, description="Longest a request may wait (plans, polls).")
+
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="How often workers should beat.")
+    heartbeat_timeout_s: float = Field(
+        default=5.0, gt=0, description="A registered worker silent this long is declared failed."
+    )
+
+    log_level: str = Field(default="INFO")
+    access_log: bool = Field(default=True, description="One structured log line per request.")
+
+    def check(self) -> None:
+        """Refuse settings that make the coordinator's timeouts contradict each other."""
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                "RECYCLE_HEARTBEAT_TIMEOUT_S must exceed RECYCLE_HEARTBEAT_INTERVAL_S "
+                f"({self.heartbeat_timeout_s} <= {self.heartbeat_interval_s}): every worker would be "
+                "declared failed between two beats"
+            )

@@ -1,0 +1,238 @@
+"""Repository functions over the schema in `api.db`. Synchronous: the app calls them in threads.
+
+Every write is one short transaction, so a kill -9 at any instant leaves either the old or the new
+row, never half of one; finished solves are written in the same transaction as their status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from api.db import jobs, memberships, operations, plans, registrations, solves
+from planner.spec import JobSpec
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: str
+    job: JobSpec
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    id: str
+    job_id: str
+    failed_key: str
+    class_key: str
+    status: str
+    summary: dict[str, Any] | None
+    error: str | None
+
+
+class Store:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A write transaction (on SQLite it takes the write lock up front: no lock upgrades)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(immediate=True)
+            with conn.begin():
+                yield conn
+
+    # ------------------------------------------------------------------------------------ jobs
+    def create_job(self, job: JobSpec) -> JobRow:
+        row = JobRow(new_id(), job, time.time())
+        with self._write() as conn:
+            conn.execute(insert(jobs).values(
+                id=row.id, spec=json.dumps(job.filled()), pipelines=job.pipelines, stages=job.stages,
+                microbatches=job.microbatches, created_at=row.created_at))
+        return row
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(jobs.c.spec, jobs.c.created_at).where(jobs.c.id == job_id)).first()
+        return None if r is None else JobRow(job_id, JobSpec.model_validate_json(r.spec), r.created_at)
+
+    def list_jobs(self, limit: int, offset: int) -> tuple[list[JobRow], int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(jobs.c.id, jobs.c.spec, jobs.c.created_at)
+                                .order_by(jobs.c.created_at, jobs.c.id).limit(limit).offset(offset)).all()
+            total = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+        return [JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at) for r in rows], total
+
+    def delete_job(self, job_id: str) -> bool:
+        with self._write() as conn:
+            # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
+            for table in (registrations, memberships, operations, plans, solves):
+                conn.execute(delete(table).where(table.c.job_id == job_id))
+            return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
+
+    # ----------------------------------------------------------------------------- plans/solves
+    def get_or_create_plan(self, job_id: str, failed_key: str, class_key: str) -> PlanRow:
+        """The plan resource of a concrete failure set, creating it (and its class's solve row)."""
+        for _ in range(3):
+            found = self._find_plan(job_id, failed_key)
+            if found is not None:
+                return found
+            now = time.time()
+            try:
+                with self._write() as conn:
+                    self._ensure_solve_row(conn, job_id, class_key, now)
+                    conn.execute(insert(plans).values(id=new_id(), job_id=job_id, failed_key=failed_key,
+                                                      class_key=class_key, created_at=now))
+            except IntegrityError:
+                continue  # a concurrent request created it first: read theirs
+        found = self._find_plan(job_id, failed_key)
+        assert found is not None
+        return found
+
+    def _ensure_solve_row(self, conn, job_id: str, class_key: str, now: float) -> None:
+        exists = conn.execute(select(solves.c.status).where(
+            and_(solves.c.job_id == job_id, solves.c.class_key == class_key))).first()
+        if exists is None:
+            conn.execute(insert(solves).values(job_id=job_id, class_key=class_key, status="pending",
+                                               created_at=now))
+
+    def ensure_solve(self, job_id: str, class_key: str) -> str:
+        """Create the solve row of a class if missing; its status."""
+        for _ in range(3):
+            try:
+                with self._write() as conn:
+                    self._ensure_solve_row(conn, job_id, class_key, time.time())
+                break
+            except IntegrityError:
+                continue
+        return self.solve_status(job_id, class_key) or "pending"
+
+    def _plan_query(self):
+        return (select(plans.c.id, plans.c.job_id, plans.c.failed_key, plans.c.class_key, solves.c.status,
+                       solves.c.summary, solves.c.error)
+                .join(solves, and_(solves.c.job_id == plans.c.job_id,
+                                   solves.c.class_key == plans.c.class_key)))
+
+    def _find_plan(self, job_id: str, failed_key: str) -> PlanRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(self._plan_query().where(
+                and_(plans.c.job_id == job_id, plans.c.failed_key == failed_key))).first()
+        return None if r is None else _plan_row(r)
+
+    def get_plan(self, job_id: str, plan_id: str) -> PlanRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(self._plan_query().where(
+                and_(plans.c.id == plan_id, plans.c.job_id == job_id))).first()
+        return None if r is None else _plan_row(r)
+
+    def solve_status(self, job_id: str, class_key: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(solves.c.status).where(
+                and_(solves.c.job_id == job_id, solves.c.class_key == class_key))).scalar()
+
+    def canonical_timeline(self, job_id: str, class_key: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(solves.c.timeline).where(
+                and_(solves.c.job_id == job_id, solves.c.class_key == class_key,
+                     solves.c.status == "done"))).scalar()
+
+    def finish_solve(self, job_id: str, class_key: str, summary: dict | None, timeline: str | None,
+                     error: str | None) -> None:
+        with self._write() as conn:
+            conn.execute(update(solves).where(
+                and_(solves.c.job_id == job_id, solves.c.class_key == class_key)).values(
+                status="failed" if error else "done",
+                summary=None if summary is None else json.dumps(summary),
+                timeline=timeline, error=error, solved_at=time.time()))
+
+    def done_classes(self, job_id: str) -> set[str]:
+        with self.engine.connect() as conn:
+            return set(conn.execute(select(solves.c.class_key).where(
+                and_(solves.c.job_id == job_id, solves.c.status == "done"))).scalars())
+
+    def pending_solves(self) -> list[tuple[str, str]]:
+        with self.engine.connect() as conn:
+            return [(r.job_id, r.class_key) for r in conn.execute(
+                select(solves.c.job_id, solves.c.class_key).where(solves.c.status == "pending"))]
+
+    # ------------------------------------------------------------------------------- operations
+    def create_operation(self, job_id: str, max_failures: int, total: int, done: int) -> dict:
+        now = time.time()
+        values = dict(id=new_id(), job_id=job_id, kind="precompute", max_failures=max_failures,
+                      status="running", total=total, done=done, error=None, created_at=now, updated_at=now)
+        with self._write() as conn:
+            conn.execute(insert(operations).values(**values))
+        return values
+
+    def get_operation(self, operation_id: str) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(operations).where(operations.c.id == operation_id)).first()
+        return None if r is None else dict(r._mapping)
+
+    def update_operation(self, operation_id: str, **values: Any) -> dict | None:
+        """Update an operation that is still running (a cancelled one keeps its final state)."""
+        with self._write() as conn:
+            conn.execute(update(operations).where(
+                and_(operations.c.id == operation_id, operations.c.status == "running"))
+                .values(updated_at=time.time(), **values))
+        return self.get_operation(operation_id)
+
+    def running_operations(self) -> list[dict]:
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(
+                select(operations).where(operations.c.status == "running"))]
+
+    # ------------------------------------------------------------------------------ coordinator
+    def load_membership(self, job_id: str) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(memberships).where(memberships.c.job_id == job_id)).first()
+        if r is None:
+            return None
+        out = dict(r._mapping)
+        out["failed"] = [tuple(w) for w in json.loads(out["failed"])]
+        return out
+
+    def save_membership(self, job_id: str, generation: int, failed: list, plan_id: str | None, status: str,
+                        reason: str | None) -> None:
+        values = dict(generation=generation, failed=json.dumps([list(w) for w in failed]), plan_id=plan_id,
+                      status=status, reason=reason, updated_at=time.time())
+        with self._write() as conn:
+            changed = conn.execute(update(memberships).where(memberships.c.job_id == job_id)
+                                   .values(**values)).rowcount
+            if not changed:
+                conn.execute(insert(memberships).values(job_id=job_id, **values))
+
+    def register_worker(self, job_id: str, worker: tuple[int, int], address: str | None,
+                        pid: int | None) -> None:
+        key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
+                   registrations.c.stage == worker[1])
+        with self._write() as conn:
+            changed = conn.execute(update(registrations).where(key).values(
+                address=address, pid=pid, registered_at=time.time())).rowcount
+            if not changed:
+                conn.execute(insert(registrations).values(
+                    job_id=job_id, pipeline=worker[0], stage=worker[1], address=address, pid=pid,
+                    registered_at=time.time()))
+
+    def registrations(self, job_id: str) -> dict[tuple[int, int], dict]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(registrations).where(registrations.c.job_id == job_id)).all()
+        return {(r.pipeline, r.stage): {"address": r.address, "pid": r.pid} for r in rows}
+
+
+def _plan_row(r) -> PlanRow:
+    return PlanRow(id=r.id, job_id=r.job_id, failed_key=r.failed_key, class_key=r.class_key, status=r.status,
+                   summary=None if r.summary is None else json.loads(r.summary), error=r.error)
