@@ -1,0 +1,108 @@
+"""The replay's steady-state period on cases small enough to work out by hand, jitter, deadlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.simulator import ReplayError, replay, validate
+from planner.solve import plan
+from planner.timeline import Op
+
+# F 1, B 2, W 3, all-reduce 4, optimizer 5, hop 0.5 ms on every stage.
+UNIT = {"forward_ms": 1.0, "backward_input_ms": 2.0, "backward_weight_ms": 3.0, "p2p_ms": 0.5,
+        "cross_pipeline_p2p_ms": 0.5, "allreduce_ms": 4.0, "optimizer_ms": 5.0}
+
+
+@pytest.fixture
+def one_worker_job(make_job):
+    return make_job(pipelines=1, stages=1, microbatches=3, **UNIT)
+
+
+@pytest.fixture
+def two_stage_job(make_job):
+    return make_job(pipelines=1, stages=2, microbatches=1, **UNIT)
+
+
+def one_worker_ops() -> list[Op]:
+    """F B W per micro-batch back to back, then the all-reduce and the optimizer step."""
+    ops, t = [], 0.0
+    for m in range(3):
+        for kind, d in (("F", 1.0), ("B", 2.0), ("W", 3.0)):
+            ops.append(Op((0, 0), kind, (0, m), t, t + d))
+            t += d
+    return ops + [Op((0, 0), "ALLREDUCE", None, t, t + 4), Op((0, 0), "OPTIMIZER", None, t + 4, t + 9)]
+
+
+def two_stage_ops() -> list[Op]:
+    """One micro-batch through two stages (every op as early as the rules allow)."""
+    return [
+        Op((0, 0), "F", (0, 0), 0.0, 1.0),
+        Op((0, 1), "F", (0, 0), 1.5, 2.5),
+        Op((0, 1), "B", (0, 0), 2.5, 4.5),
+        Op((0, 1), "W", (0, 0), 4.5, 7.5),
+        Op((0, 1), "ALLREDUCE", None, 7.5, 11.5),
+        Op((0, 1), "OPTIMIZER", None, 11.5, 16.5),
+        Op((0, 0), "B", (0, 0), 5.0, 7.0),
+        Op((0, 0), "W", (0, 0), 7.0, 10.0),
+        Op((0, 0), "ALLREDUCE", None, 10.0, 14.0),
+        Op((0, 0), "OPTIMIZER", None, 14.0, 19.0),
+    ]
+
+
+def test_one_worker_period_is_its_total_work(one_worker_job):
+    ops = one_worker_ops()
+    assert validate(one_worker_job, [], ops) == []
+    report = replay(one_worker_job, ops)
+    # 3 x (F + B + W) + all-reduce + optimizer = 3 x 6 + 4 + 5; no idle time at all.
+    assert report.iteration_ms == pytest.approx(27.0)
+    assert report.busy_ms[(0, 0)] == pytest.approx(27.0)
+    assert report.idle_ms[(0, 0)] == pytest.approx(0.0)
+    assert report.converged
+
+
+def test_two_stage_period_is_stage_zero_round_trip(two_stage_job):
+    ops = two_stage_ops()
+    assert validate(two_stage_job, [], ops) == []
+    report = replay(two_stage_job, ops)
+    # Stage 0 restarts only after its own optimizer, and its iteration waits for the round trip:
+    # F0 + hop + F1 + B1 + hop + B0 + W0 + AR0 + OPT0 = 1 + .5 + 1 + 2 + .5 + 2 + 3 + 4 + 5.
+    assert report.iteration_ms == pytest.approx(19.0)
+    assert report.busy_ms[(0, 1)] == pytest.approx(15.0)
+    assert report.idle_ms[(0, 1)] == pytest.approx(4.0)
+
+
+def test_planner_matches_the_hand_derived_periods(one_worker_job, two_stage_job):
+    assert plan(one_worker_job, use_cp=False).iteration_ms == pytest.approx(27.0)
+    assert plan(two_stage_job, use_cp=False).iteration_ms == pytest.approx(19.0)
+
+
+def test_replayed_period_ignores_the_written_times(two_stage_job):
+    # Only each worker's op order matters: delaying everything on stage 1 changes no period.
+    ops = [Op(o.worker, o.kind, o.microbatch, o.start_ms + (3.0 if o.worker[1] else 0.0),
+              o.end_ms + (3.0 if o.worker[1] else 0.0)) for o in two_stage_ops()]
+    assert replay(two_stage_job, ops).iteration_ms == pytest.approx(19.0)
+
+
+def test_jitter_changes_the_period_and_is_reproducible(failed_plan):
+    job, ops = failed_plan.job, failed_plan.ops
+    plain = replay(job, ops, iterations=20).iteration_ms
+    a = replay(job, ops, iterations=20, jitter=0.1, seed=7).iteration_ms
+    b = replay(job, ops, iterations=20, jitter=0.1, seed=7).iteration_ms
+    c = replay(job, ops, iterations=20, jitter=0.1, seed=8).iteration_ms
+    assert plain == pytest.approx(failed_plan.iteration_ms)
+    assert a == b
+    assert a != plain and a != c
+    assert abs(a - plain) < 0.1 * plain  # jitter of +/-10% per op cannot move the mean more
+
+
+def test_deadlocking_order_raises(two_stage_job):
+    ops = two_stage_ops()
+    # Stage 0 runs B (which needs the gradient from stage 1) before the F that stage 1 waits for.
+    ops[0], ops[6] = Op((0, 0), "F", (0, 0), 5.0, 6.0), Op((0, 0), "B", (0, 0), 0.0, 2.0)
+    with pytest.raises(ReplayError, match="deadlock"):
+        replay(two_stage_job, ops)
+
+
+def test_empty_plan_raises(two_stage_job):
+    with pytest.raises(ReplayError):
+        replay(two_stage_job, [])

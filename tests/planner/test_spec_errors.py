@@ -1,0 +1,71 @@
+"""Bad job specs and failure sets raise SpecError naming the field or the stage."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.failures import enumerate_failure_classes, normalize, parse_failure_set
+from planner.solve import plan
+from planner.spec import JobSpec, SpecError
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"forward_ms": [1.0, 2.0]}, "forward_ms", "needs 3 entries"),
+        ({"activation_mb": [1.0, 1.0, 1.0, 1.0]}, "activation_mb", "needs 3 entries"),
+        ({"backward_input_ms": 0}, "backward_input_ms", "must be > 0"),
+        ({"backward_weight_ms": [1.0, -2.0, 1.0]}, "backward_weight_ms", "must be > 0"),
+        ({"p2p_ms": -0.1}, "p2p_ms", "must be >= 0"),
+        ({"allreduce_ms": float("nan")}, "allreduce_ms", "finite"),
+        ({"optimizer_ms": float("inf")}, "optimizer_ms", "finite"),
+        ({"memory_limit_mb": 0.5}, "memory_limit_mb", "below one micro-batch"),
+        ({"memory_limit_mb": -1.0}, "memory_limit_mb", "> 0"),
+        ({"stages": 0}, "stages", "greater than or equal to 1"),
+        ({"microbatches": "many"}, "microbatches", "integer"),
+        ({"forward_ms": None}, "forward_ms", "required"),
+    ],
+)
+def test_bad_field_is_named(make_job, changes, field, words):
+    with pytest.raises(SpecError) as err:
+        make_job(**changes)
+    assert err.value.field == field
+    assert field in str(err.value) and words in str(err.value)
+
+
+def test_spec_must_be_an_object():
+    with pytest.raises(SpecError, match="expected a JSON object"):
+        JobSpec.parse([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("failed", "words"),
+    [
+        ([(0, 1), (1, 1), (2, 1)], "stage 1 has no surviving peer"),
+        ([(3, 0)], "failed[0]: pipeline 3 is out of range 0..2"),
+        ([(0, 0), (0, -1)], "failed[1]: stage -1 is out of range 0..2"),
+        ([(0, 1, 2)], "failed[0]: a worker is [pipeline, stage]"),
+        ([("0", 1)], "failed[0]: a worker is [pipeline, stage]"),
+        ([(True, 1)], "failed[0]: a worker is [pipeline, stage]"),
+    ],
+)
+def test_bad_failure_set_is_named(small_job, failed, words):
+    with pytest.raises(SpecError) as err:
+        parse_failure_set(small_job, failed)
+    assert words in str(err.value)
+    assert err.value.field == "failed"
+
+
+def test_plan_refuses_a_dead_stage(small_job):
+    with pytest.raises(SpecError, match="stage 2 has no surviving peer"):
+        plan(small_job, [(0, 2), (1, 2), (2, 2)], use_cp=False)
+
+
+def test_duplicates_in_a_failure_set_are_merged(small_job):
+    assert parse_failure_set(small_job, [(1, 2), [1, 2]]) == ((1, 2),)
+    assert normalize(small_job, [(1, 2), (1, 2)]).key == "0:2"
+
+
+def test_negative_max_failures(small_job):
+    with pytest.raises(SpecError, match="max_failures"):
+        list(enumerate_failure_classes(small_job, -1))
