@@ -1,0 +1,344 @@
+"""The CP-SAT model of one iteration, built in steps: variables, one function per constraint
+family (rules 1-6 of the contract), the period objective, symmetry breaking, and the warm start.
+
+Time is in integer units (see `timing`): durations and hops rounded down, so the model is a
+relaxation and its proven bound holds for the real problem. Each compute triple (F, B, W of one
+home pipeline, micro-batch and stage) is a `Task`: three start variables shared by one optional
+interval per candidate executor, so the routing choice is a single literal per candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner.cp.orders import Retimed, healthy_pipelines
+from planner.cp.timing import MAX_UNITS, TimeScale
+from planner.spec import JobSpec, Worker
+from planner.timeline import COMPUTE_KINDS
+
+TaskKey = tuple[int, int, int]
+"""(home pipeline, micro-batch index, stage)."""
+
+
+class ModelTooLarge(ValueError):
+    """The job's times do not fit the model's integer range."""
+
+
+@dataclass
+class Instance:
+    """The job in model units plus the candidate executors of every task."""
+
+    job: JobSpec
+    failed: tuple[Worker, ...]
+    scale: TimeScale
+    routes: dict[TaskKey, tuple[int, ...]]
+    """Candidate executor pipelines per task: (home,) when fixed, the alive peers when re-routed."""
+    duration: dict[str, list[int]] = field(init=False)
+    hop: dict[bool, list[int]] = field(init=False)
+    memory_cap: list[int | None] = field(init=False)
+    """Micro-batches a worker of each stage may hold at once; None when memory cannot bind."""
+
+    def __post_init__(self) -> None:
+        costs, down = self.job.costs, self.scale.down
+        S = self.job.stages
+        self.duration = {k: [down(costs.duration(k, s)) for s in range(S)]
+                         for k in (*COMPUTE_KINDS, "ALLREDUCE", "OPTIMIZER")}
+        self.hop = {cross: [down(costs.hop_ms(s, cross)) for s in range(S - 1)] for cross in (False, True)}
+        most = defaultdict(int)
+        for (_, _, s), cands in self.routes.items():
+            for q in cands:
+                most[(q, s)] += 1
+        self.memory_cap = []
+        for s in range(S):
+            act = costs.activation[s]
+            cap = None
+            if act > 0:
+                cap = math.floor(costs.memory_limit_mb / act + 1e-9)
+                while cap * act > costs.memory_limit_mb + 1e-7:  # the validator sums act cap times
+                    cap -= 1
+                if cap >= max((n for (_, st), n in most.items() if st == s), default=0):
+                    cap = None
+            self.memory_cap.append(cap)
+
+    @property
+    def alive_workers(self) -> list[Worker]:
+        dead = set(self.failed)
+        return [w for w in self.job.workers() if w not in dead]
+
+    def work(self, s: int) -> int:
+        return sum(self.duration[k][s] for k in COMPUTE_KINDS)
+
+    def horizon(self, period_cap: int) -> int:
+        """Every optimal (indeed every) span-feasible schedule fits in [0, horizon] after a shift:
+        the difference constraints' solution from a virtual source is bounded by the sum of the
+        absolute edge weights (durations, hops, and one -P wrap edge per worker)."""
+        S = self.job.stages
+        hops = sum(2 * max(self.hop[False][s], self.hop[True][s]) for s in range(S - 1))
+        total = sum(self.work(s) + hops for _, _, s in self.routes)
+        total += sum(self.duration["ALLREDUCE"][s] + self.duration["OPTIMIZER"][s] for s in range(S))
+        total += len(self.alive_workers) * period_cap
+        if total > MAX_UNITS:
+            raise ModelTooLarge(f"time horizon of {total} units at scale {self.scale.scale} is too large")
+        return total
+
+
+def full_routes(job: JobSpec, failed: Sequence[Worker]) -> dict[TaskKey, tuple[int, ...]]:
+    dead = set(failed)
+    peers = [tuple(q for q in range(job.pipelines) if (q, s) not in dead) for s in range(job.stages)]
+    return {(p, m, s): (p,) if (p, s) not in dead else peers[s]
+            for p in range(job.pipelines) for m in range(job.microbatches) for s in range(job.stages)}
+
+
+@dataclass
+class Task:
+    key: TaskKey
+    choice: dict[int, cp_model.IntVar | None]
+    """Presence literal per candidate executor pipeline (None: the only candidate)."""
+    start: dict[str, cp_model.IntVar]
+
+
+@dataclass
+class Model:
+    inst: Instance
+    cp: cp_model.CpModel
+    period_cap: int
+    period_floor: int
+    horizon: int = 0
+    tasks: dict[TaskKey, Task] = field(default_factory=dict)
+    intervals: dict[Worker, list[cp_model.IntervalVar]] = field(default_factory=lambda: defaultdict(list))
+    memory: dict[Worker, list[cp_model.IntervalVar]] = field(default_factory=lambda: defaultdict(list))
+    memory_size: dict[TaskKey, cp_model.IntVar] = field(default_factory=dict)
+    allreduce: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    first: dict[Worker, cp_model.IntVar] = field(default_factory=dict)
+    period: cp_model.IntVar | None = None
+
+    def end(self, task: Task, kind: str) -> cp_model.LinearExpr:
+        return task.start[kind] + self.inst.duration[kind][task.key[2]]
+
+
+def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bool) -> Model:
+    model = Model(inst, cp_model.CpModel(), period_cap, min(period_floor, period_cap))
+    model.horizon = inst.horizon(period_cap)
+    add_tasks(model)
+    add_routing(model)
+    add_precedences(model)
+    add_collectives(model)
+    add_no_overlap(model)
+    add_memory(model)
+    add_period_objective(model)
+    add_symmetry_breaking(model, sort_pipelines)
+    return model
+
+
+# ----------------------------------------------------------------------------------------- variables
+
+
+def add_tasks(model: Model) -> None:
+    """Start variables of F/B/W, one optional interval per candidate executor (rules 1, 2)."""
+    cp, inst, H = model.cp, model.inst, model.horizon
+    for key, cands in inst.routes.items():
+        p, m, s = key
+        name = f"{p}_{m}_{s}"
+        start = {k: cp.NewIntVar(0, H, f"{k}{name}") for k in COMPUTE_KINDS}
+        choice = {q: (cp.NewBoolVar(f"on{q}_{name}") if len(cands) > 1 else None) for q in cands}
+        task = Task(key, choice, start)
+        model.tasks[key] = task
+        for q, lit in choice.items():
+            for k in COMPUTE_KINDS:
+                size = inst.duration[k][s]
+                model.intervals[(q, s)].append(
+                    cp.NewFixedSizeIntervalVar(start[k], size, f"i{k}{name}_{q}") if lit is None
+                    else cp.NewOptionalFixedSizeIntervalVar(start[k], size, lit, f"i{k}{name}_{q}")
+                )
+
+
+# ------------------------------------------------------------------------------ constraint families
+
+
+def add_routing(model: Model) -> None:
+    """Rule 1: exactly one executor per task; F, B and W share it because they share the literal."""
+    for task in model.tasks.values():
+        lits = [lit for lit in task.choice.values() if lit is not None]
+        if lits:
+            model.cp.AddExactlyOne(lits)
+
+
+def _after(model: Model, earlier: Task, earlier_kind: str, later: Task, later_kind: str,
+           lower_stage: int | None) -> None:
+    """`later` starts after `earlier` ends plus the hop between their workers' stages.
+
+    The hop depends on whether the two executors' pipelines differ; where either end may move we
+    post the smallest hop unconditionally (good propagation) and each larger one under the pair of
+    presence literals that selects it.
+    """
+    cp, hop = model.cp, model.inst.hop
+    end, start = model.end(earlier, earlier_kind), later.start[later_kind]
+    if lower_stage is None:
+        cp.Add(start >= end)
+        return
+    delays = {(a, b): hop[a != b][lower_stage] for a in earlier.choice for b in later.choice}
+    least = min(delays.values())
+    cp.Add(start >= end + least)
+    for (a, b), delay in delays.items():
+        if delay > least:
+            enforce = [x for x in (earlier.choice[a], later.choice[b]) if x is not None]
+            cp.Add(start >= end + delay).OnlyEnforceIf(enforce)
+
+
+def add_precedences(model: Model) -> None:
+    """Rule 3: F(s-1) -> F(s), B(s+1) -> B(s) with hops; last-stage F -> B; B -> W."""
+    last = model.inst.job.stages - 1
+    for (p, m, s), task in model.tasks.items():
+        if s > 0:
+            _after(model, model.tasks[(p, m, s - 1)], "F", task, "F", s - 1)
+        if s < last:
+            _after(model, model.tasks[(p, m, s + 1)], "B", task, "B", s)
+        else:
+            _after(model, task, "F", task, "B", None)
+        _after(model, task, "B", task, "W", None)
+
+
+def add_collectives(model: Model) -> None:
+    """Rule 5: one ALLREDUCE start per stage, after every W of the stage; on every alive worker an
+    ALLREDUCE interval there and the OPTIMIZER right after it."""
+    cp, inst = model.cp, model.inst
+    for s in range(inst.job.stages):
+        model.allreduce[s] = cp.NewIntVar(0, model.horizon, f"ar{s}")
+    for (_, _, s), task in model.tasks.items():
+        cp.Add(model.allreduce[s] >= model.end(task, "W"))
+    for w in inst.alive_workers:
+        s = w[1]
+        ar, d_ar = model.allreduce[s], inst.duration["ALLREDUCE"][s]
+        model.intervals[w].append(cp.NewFixedSizeIntervalVar(ar, d_ar, f"ar{w}"))
+        model.intervals[w].append(
+            cp.NewFixedSizeIntervalVar(ar + d_ar, inst.duration["OPTIMIZER"][s], f"opt{w}"))
+
+
+def add_no_overlap(model: Model) -> None:
+    """Rule 4: a worker runs one op at a time (its F/B/W candidates plus ALLREDUCE and OPTIMIZER)."""
+    for intervals in model.intervals.values():
+        model.cp.AddNoOverlap(intervals)
+
+
+def add_memory(model: Model) -> None:
+    """Rule 6: per worker, at most `memory_cap` micro-batches between their F start and W end.
+
+    All ops of a worker belong to one stage, so every micro-batch holds the same activation there:
+    the MB capacity becomes an exact integer count (no MB scaling needed).
+    """
+    cp, inst = model.cp, model.inst
+    for key, task in model.tasks.items():
+        s = key[2]
+        if inst.memory_cap[s] is None:
+            continue
+        size = cp.NewIntVar(inst.work(s), model.horizon, f"mem{key}")
+        model.memory_size[key] = size
+        for q, lit in task.choice.items():
+            end = model.end(task, "W")
+            model.memory[(q, s)].append(
+                cp.NewIntervalVar(task.start["F"], size, end, f"m{key}_{q}") if lit is None
+                else cp.NewOptionalIntervalVar(task.start["F"], size, end, lit, f"m{key}_{q}")
+            )
+    for w, intervals in model.memory.items():
+        cp.AddCumulative(intervals, [1] * len(intervals), inst.memory_cap[w[1]])
+
+
+def add_period_objective(model: Model) -> None:
+    """The steady-state period: P >= (OPTIMIZER end - first op start) on every worker; minimize P.
+
+    `first[w]` only has to be <= every start on w (minimizing P pushes it up to the true first
+    start). A task's F precedes its B and W, so bounding by F starts is enough. Redundant but valid:
+    P >= the worker's total work (linear in the routing literals), P >= the proven bound (floor),
+    P <= the heuristic's period (cap), and the earliest first start is 0 (time-shift symmetry).
+    """
+    cp, inst = model.cp, model.inst
+    model.period = cp.NewIntVar(model.period_floor, model.period_cap, "period")
+    workload: dict[Worker, list] = defaultdict(list)
+    for w in inst.alive_workers:
+        model.first[w] = cp.NewIntVar(0, model.horizon, f"first{w}")
+    for (_, _, s), task in model.tasks.items():
+        for q, lit in task.choice.items():
+            c = cp.Add(model.first[(q, s)] <= task.start["F"])
+            if lit is not None:
+                c.OnlyEnforceIf(lit)
+            workload[(q, s)].append(inst.work(s) * (1 if lit is None else lit))
+    for w, first in model.first.items():
+        s = w[1]
+        tail = inst.duration["ALLREDUCE"][s] + inst.duration["OPTIMIZER"][s]
+        cp.Add(model.period >= model.allreduce[s] + tail - first)
+        cp.Add(model.period >= sum(workload[w]) + tail)
+    cp.AddMinEquality(0, list(model.first.values()))
+    cp.Minimize(model.period)
+
+
+def add_symmetry_breaking(model: Model, sort_pipelines: bool) -> None:
+    """Order interchangeable things; each rule keeps at least one optimal solution (see notes).
+
+    1. Micro-batches of one home pipeline with the same candidate executors at every stage are
+       interchangeable (same durations, hops and memory): order their stage-0 F starts by index.
+       On one fixed worker the order is strict (they cannot overlap), so post it with F's length.
+    2. (`sort_pipelines`, full model only) healthy pipelines are interchangeable as a whole: order
+       them by how many re-routed micro-batches they take at the first failed stage.
+    """
+    cp, inst = model.cp, model.inst
+    job = inst.job
+    classes: dict[tuple, list[int]] = defaultdict(list)
+    for p in range(job.pipelines):
+        for m in range(job.microbatches):
+            signature = tuple(inst.routes[(p, m, s)] for s in range(job.stages))
+            classes[(p, signature)].append(m)
+    for (p, signature), members in classes.items():
+        gap = inst.duration["F"][0] if len(signature[0]) == 1 else 0
+        for a, b in zip(members, members[1:], strict=False):
+            cp.Add(model.tasks[(p, b, 0)].start["F"] >= model.tasks[(p, a, 0)].start["F"] + gap)
+    if not (sort_pipelines and inst.failed):
+        return
+    stage = min(s for _, s in inst.failed)
+    load: dict[int, list] = defaultdict(list)
+    for (home, _, s), task in model.tasks.items():
+        if s == stage:
+            for q, lit in task.choice.items():
+                if lit is not None and q != home:
+                    load[q].append(lit)
+    healthy = healthy_pipelines(job, inst.failed)
+    for a, b in zip(healthy, healthy[1:], strict=False):
+        cp.Add(sum(load[a]) >= sum(load[b]))
+
+
+# -------------------------------------------------------------------------------------- warm start
+
+
+def add_hint(model: Model, hint: Retimed) -> None:
+    """`AddHint` on every variable from a valid plan in the model's canonical labelling."""
+    cp, units = model.cp, (lambda ms: round(ms * model.inst.scale.scale))
+    executor: dict[TaskKey, int] = {}
+    f_start: dict[TaskKey, int] = {}
+    allreduce_at: dict[int, int] = {}
+    for op in hint.ops:
+        if op.microbatch is None:
+            if op.kind == "ALLREDUCE":
+                allreduce_at[op.worker[1]] = min(model.horizon, units(op.start_ms))
+            continue
+        key = (op.microbatch[0], op.microbatch[1], op.worker[1])
+        task = model.tasks[key]
+        cp.AddHint(task.start[op.kind], min(model.horizon, units(op.start_ms)))
+        executor[key] = op.worker[0]
+        if op.kind == "F":
+            f_start[key] = units(op.start_ms)
+        elif op.kind == "W" and key in model.memory_size:
+            cp.AddHint(model.memory_size[key], units(op.end_ms) - f_start[key])
+    for key, task in model.tasks.items():
+        for q, lit in task.choice.items():
+            if lit is not None:
+                cp.AddHint(lit, q == executor[key])
+    for s, at in allreduce_at.items():
+        cp.AddHint(model.allreduce[s], at)
+    for w, var in model.first.items():
+        cp.AddHint(var, units(hint.first_start[w]))
+    span = max(units(hint.optimizer_end[w]) - units(hint.first_start[w]) for w in model.first)
+    cp.AddHint(model.period, min(max(span, model.period_floor), model.period_cap))

@@ -1,0 +1,186 @@
+"""Per-worker op orders and the exact-millisecond schedules they define.
+
+The contract's period depends only on each worker's op order, so the CP side works with orders:
+- `retime`: the earliest exact-ms schedule of given orders (valid by construction: rules 1-5 hold
+  because every op waits for its predecessors, rule 6 because on one worker the memory held at
+  each op depends only on the order).
+- `steady_state`: the hint's times re-based so that every worker's span fits the replayed period
+  (the model's objective is the largest span, so the raw heuristic times would overstate it).
+- `relabel`: a plan rewritten into the symmetry-broken form the model enforces (same period).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from planner.simulator import worker_orders
+from planner.spec import JobSpec, Worker
+from planner.timeline import COMPUTE_KINDS, Op
+
+Key = tuple[str, int, int, int]
+"""A compute op: (kind, home pipeline, micro-batch index, stage)."""
+Orders = dict[Worker, list[Key]]
+
+
+class OrderCycle(ValueError):
+    """The orders deadlock: a worker waits on an op that comes after its own."""
+
+
+def orders_of(ops: Sequence[Op]) -> Orders:
+    """Each worker's compute ops in execution order (ALLREDUCE/OPTIMIZER are always last)."""
+    return {
+        w: [(o.kind, o.microbatch[0], o.microbatch[1], w[1]) for o in seq if o.kind in COMPUTE_KINDS]
+        for w, seq in worker_orders(ops).items()
+    }
+
+
+@dataclass
+class Retimed:
+    ops: list[Op]
+    first_start: dict[Worker, float]
+    optimizer_end: dict[Worker, float]
+
+    @property
+    def max_span(self) -> float:
+        return max(self.optimizer_end[w] - self.first_start[w] for w in self.optimizer_end)
+
+
+def retime(job: JobSpec, orders: Orders, ready: dict[Worker, float] | None = None) -> Retimed:
+    """Every op as early as rules 3-5 allow, workers free from `ready` (default 0) on."""
+    costs = job.costs
+    last_stage = job.stages - 1
+    where = {key: w for w, seq in orders.items() for key in seq}
+    preds: dict[Key, list[tuple[Key, float]]] = defaultdict(list)
+    succs: dict[Key, list[Key]] = defaultdict(list)
+
+    def edge(u: Key, v: Key, delay: float) -> None:
+        preds[v].append((u, delay))
+        succs[u].append(v)
+
+    for seq in orders.values():
+        for u, v in zip(seq, seq[1:], strict=False):
+            edge(u, v, 0.0)
+    for key, w in where.items():
+        kind, home, m, s = key
+        if kind == "F" and s > 0:
+            u = ("F", home, m, s - 1)
+            edge(u, key, costs.hop_ms(s - 1, where[u][0] != w[0]))
+        elif kind == "B" and s == last_stage:
+            edge(("F", home, m, s), key, 0.0)
+        elif kind == "B":
+            u = ("B", home, m, s + 1)
+            edge(u, key, costs.hop_ms(s, where[u][0] != w[0]))
+        elif kind == "W":
+            edge(("B", home, m, s), key, 0.0)
+
+    ready = ready or {}
+    end: dict[Key, float] = {}
+    start: dict[Key, float] = {}
+    waiting = {key: len(preds[key]) for key in where}
+    frontier = [key for key, n in waiting.items() if n == 0]
+    while frontier:
+        key = frontier.pop()
+        t = max([ready.get(where[key], 0.0)] + [end[u] + d for u, d in preds[key]])
+        start[key] = t
+        end[key] = t + costs.duration(key[0], key[3])
+        for v in succs[key]:
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                frontier.append(v)
+    if len(end) != len(where):
+        raise OrderCycle("op orders deadlock: a worker waits on an op ordered after its own")
+
+    ops = [Op(where[k], k[0], (k[1], k[2]), start[k], end[k]) for w, seq in orders.items() for k in seq]
+    first = {w: start[seq[0]] for w, seq in orders.items() if seq}
+    opt_end: dict[Worker, float] = {}
+    for s in sorted({w[1] for w in orders}):
+        workers = [w for w in orders if w[1] == s]
+        at = max(
+            [end[k] for k in where if k[0] == "W" and k[3] == s]
+            + [end[orders[w][-1]] if orders[w] else ready.get(w, 0.0) for w in workers]
+        )
+        ar_end = at + costs.allreduce[s]
+        for w in workers:
+            ops.append(Op(w, "ALLREDUCE", None, at, ar_end))
+            ops.append(Op(w, "OPTIMIZER", None, ar_end, ar_end + costs.optimizer[s]))
+            opt_end[w] = ar_end + costs.optimizer[s]
+            first.setdefault(w, at)
+    return Retimed(ops, first, opt_end)
+
+
+def steady_state(job: JobSpec, orders: Orders, period_ms: float, iterations: int = 60) -> Retimed:
+    """One iteration of the orders' back-to-back replay whose largest worker span is smallest.
+
+    Each worker starts iteration i+1 when its own optimizer of iteration i ends, exactly as the
+    contract's replay does; once the replay settles every span is at most the period. Times are
+    shifted so that the earliest op starts at 0.
+    """
+    best = current = retime(job, orders)
+    for _ in range(iterations):
+        if best.max_span <= period_ms + 1e-9:
+            break
+        current = retime(job, orders, current.optimizer_end)
+        if current.max_span < best.max_span - 1e-9:
+            best = current
+    shift = min(best.first_start.values())
+    ops = [Op(o.worker, o.kind, o.microbatch, o.start_ms - shift, o.end_ms - shift) for o in best.ops]
+    return Retimed(
+        ops,
+        {w: t - shift for w, t in best.first_start.items()},
+        {w: t - shift for w, t in best.optimizer_end.items()},
+    )
+
+
+def healthy_pipelines(job: JobSpec, failed: Sequence[Worker]) -> list[int]:
+    damaged = {p for p, _ in failed}
+    return [p for p in range(job.pipelines) if p not in damaged]
+
+
+def rerouted_load(ops: Sequence[Op], stage: int) -> dict[int, int]:
+    """How many foreign micro-batches each pipeline's worker of `stage` runs."""
+    load: dict[int, int] = defaultdict(int)
+    for o in ops:
+        if o.kind == "F" and o.worker[1] == stage and o.microbatch[0] != o.worker[0]:
+            load[o.worker[0]] += 1
+    return load
+
+
+def relabel(
+    job: JobSpec,
+    failed: Sequence[Worker],
+    ops: Sequence[Op],
+    sort_pipelines: bool,
+    same_class: Callable[[int, int], Hashable],
+) -> list[Op]:
+    """The same plan with labels permuted into the form the model's symmetry breaking demands.
+
+    1. (if `sort_pipelines`) healthy pipelines renumbered so that their re-routed load at the first
+       failed stage does not increase with the index;
+    2. within each class `same_class(home, m)` of one home pipeline, micro-batch indices reassigned
+       in the order of their stage-0 forward starts.
+    Both are relabellings of identical things, so validity and period are unchanged.
+    """
+    perm = {p: p for p in range(job.pipelines)}
+    if sort_pipelines and failed:
+        healthy = healthy_pipelines(job, failed)
+        load = rerouted_load(ops, min(s for _, s in failed))
+        for new, old in zip(healthy, sorted(healthy, key=lambda q: (-load[q], q)), strict=True):
+            perm[old] = new
+    first_f = {o.microbatch: o.start_ms for o in ops if o.kind == "F" and o.worker[1] == 0}
+    groups: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
+    for home in range(job.pipelines):
+        for m in range(job.microbatches):
+            groups[(home, same_class(home, m))].append(m)
+    new_index: dict[tuple[int, int], int] = {}
+    for (home, _), members in groups.items():
+        by_start = sorted(members, key=lambda m: (first_f[(home, m)], m))
+        for label, m in zip(members, by_start, strict=True):
+            new_index[(home, m)] = label
+
+    def mb(x: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if x is None else (perm[x[0]], new_index[x])
+
+    return [Op((perm[o.worker[0]], o.worker[1]), o.kind, mb(o.microbatch), o.start_ms, o.end_ms)
+            for o in ops]
