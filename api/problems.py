@@ -104,7 +104,8 @@ def install(app: FastAPI) -> None:
                 where = e.get("loc", ("body", "?"))[-1]
                 why = (e.get("ctx") or {}).get("error", "JSON decode error")
                 detail = f"malformed JSON body at character {where}: {why}"
-                return problem_response(400, detail, request.url.path, None, [{"field": None, "message": detail}])
+                return problem_response(400, detail, request.url.path, None,
+                                        [{"field": None, "message": detail}])
         first = errors[0] if errors else {"field": None, "message": "invalid request"}
         return problem_response(422, first["message"], request.url.path, first["field"], errors)
 
