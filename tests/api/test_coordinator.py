@@ -1,0 +1,107 @@
+"""The coordinator the worker daemons follow: register, long-poll, failures, rejoins, missed beats.
+
+The module's server beats every 0.2 s and declares a worker failed after 1 s of silence.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from api_testkit import create_job, small_job
+
+
+def poll(client, job_id, worker, after, wait_s=20.0):
+    p, s = worker
+    r = client.get(f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment", params={"after": after, "wait_s": wait_s})
+    assert r.status_code in (200, 204), r.text
+    return None if r.status_code == 204 else r.json()
+
+
+def test_register_then_failure_moves_every_worker_to_the_next_generation(client):
+    job_id = create_job(client, small_job(2, 2, 4))
+    reg = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat",
+                      json={"address": "10.0.0.1:29500", "pid": 42})
+    assert reg.status_code == 200 and reg.json()["generation"] == 1 and reg.json()["excluded"] is False
+    first = poll(client, job_id, (0, 0), after=0)
+    assert first["generation"] == 1 and first["status"] == "running" and first["failed"] == []
+    assert first["instructions"]["worker"] == [0, 0] and len(first["alive"]) == 4
+    assert first["iteration_ms"] > 0
+    # Everyone long-polls "after 1"; one failure report wakes them all with generation 2.
+    workers = [(0, 0), (0, 1), (1, 0)]
+    with ThreadPoolExecutor(len(workers)) as pool:
+        waiting = [pool.submit(poll, client, job_id, w, 1) for w in workers]
+        time.sleep(0.3)
+        report = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 1], "reporter": [0, 1]})
+        assert report.status_code == 200 and report.json()["generation"] == 2
+        answers = [f.result(timeout=30) for f in waiting]
+    for worker, a in zip(workers, answers, strict=True):
+        assert a["generation"] == 2 and a["failed"] == [[1, 1]] and a["status"] == "running"
+        assert a["instructions"]["worker"] == list(worker) and [1, 1] not in a["alive"]
+    # The [0, 1] survivor now also runs pipeline 1's stage-1 micro-batches.
+    stage1 = [i for i in answers[1]["instructions"]["instructions"] if i["op"] == "F"]
+    assert {tuple(i["microbatch"])[0] for i in stage1} == {0, 1}
+    # The failed worker is told it is excluded; reporting it again changes nothing.
+    assert poll(client, job_id, (1, 1), after=1)["status"] == "excluded"
+    assert client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 1]}).json()["generation"] == 2
+    # Rejoin: generation 3 with no failures; rejoining twice is a conflict.
+    rejoin = client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [1, 1]})
+    assert rejoin.status_code == 200 and rejoin.json()["generation"] == 3
+    assert poll(client, job_id, (1, 1), after=2)["failed"] == []
+    again = client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [1, 1]})
+    assert again.status_code == 409 and again.json()["field"] == "worker"
+    members = client.get(f"/v1/jobs/{job_id}/membership").json()
+    assert members["generation"] == 3
+    registered = {"worker": [0, 0], "address": "10.0.0.1:29500", "pid": 42}
+    assert registered.items() <= members["workers"][0].items()
+
+
+def test_a_stage_without_survivors_stops_cleanly(client):
+    job_id = create_job(client, small_job(2, 2, 4))
+    assert client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [0, 1]}).json()["status"] in (
+        "running", "solving")
+    stopped = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 1]}).json()
+    assert stopped["status"] == "stopped" and "stage 1" in stopped["reason"]
+    a = poll(client, job_id, (0, 0), after=2)
+    assert a["status"] == "stopped" and a["instructions"] is None and "no surviving peer" in a["reason"]
+    # A rejoin brings the stage back.
+    client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [1, 1]})
+    assert poll(client, job_id, (0, 0), after=3)["status"] == "running"
+
+
+def test_missed_heartbeats_fail_a_worker(client):
+    job_id = create_job(client, small_job(2, 2, 4))
+    for w in ((0, 0), (1, 0)):
+        client.post(f"/v1/jobs/{job_id}/workers/{w[0]}/{w[1]}/heartbeat")
+    generation = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat").json()["generation"]
+    # Only [0, 0] keeps beating; [1, 0] goes silent past the 1 s timeout.
+    deadline = time.monotonic() + 10
+    state = None
+    while time.monotonic() < deadline:
+        state = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat").json()
+        if state["generation"] > generation:
+            break
+        time.sleep(0.2)
+    assert state["failed"] == [[1, 0]] and "missed heartbeats" in state["reason"]
+    assert poll(client, job_id, (1, 0), after=generation)["status"] == "excluded"
+
+
+def test_refusals_and_long_poll_timeout(client):
+    job_id = create_job(client, small_job(2, 2, 4))
+    other = create_job(client, small_job(2, 2, 4))
+    assert poll(client, job_id, (0, 0), after=0)["generation"] == 1
+    started = time.monotonic()
+    assert poll(client, job_id, (0, 0), after=1, wait_s=0.5) is None  # 204: nothing newer
+    assert time.monotonic() - started < 5
+    for path, body in ((f"/v1/jobs/{job_id}/workers/2/0/heartbeat", None),
+                       (f"/v1/jobs/{job_id}/failures", {"worker": [0, 7]}),
+                       (f"/v1/jobs/{job_id}/failures", {"worker": [0, 0], "reporter": [5, 5]}),
+                       (f"/v1/jobs/{job_id}/rejoins", {"worker": [3, 0]})):
+        r = client.post(path, json=body)
+        assert r.status_code == 403, (path, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+    r = client.get(f"/v1/jobs/{job_id}/workers/0/9/assignment", params={"wait_s": 0})
+    assert r.status_code == 403
+    client.delete(f"/v1/jobs/{other}")
+    r = client.post(f"/v1/jobs/{other}/failures", json={"worker": [0, 0]})
+    assert r.status_code == 404 and r.json()["field"] == "job_id"
