@@ -123,6 +123,10 @@ class Evaluator:
     def fault_free_ms(self) -> float:
         return self.single_pipeline_ms(self.base_costs(), self.job.microbatches)
 
+    def adaptive_wall_s(self, key: str) -> float:
+        """Planning wall time of an adaptive class already planned (0 if it was not)."""
+        return self._adaptive.get(key, (0.0, 0.0))[1]
+
     def outcome(self, strategy: str, failed: tuple[Worker, ...]) -> Outcome:
         try:
             return STRATEGIES[strategy](self, tuple(sorted(set(map(tuple, failed)))))
