@@ -13,10 +13,6 @@ from api.problems import PROBLEM_MEDIA_TYPE, problem_body
 access_log = logs.get("access")
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """413 problem for a body over `max_bytes`, by Content-Length up front or by counting the stream."""
 
@@ -36,29 +32,36 @@ class BodyLimit:
                     return await _send_problem(send, 413, f"request body of {int(value)} bytes exceeds the "
                                                f"limit of {self.max_bytes} (RECYCLE_MAX_BODY_BYTES)", scope)
         seen = 0
-        started = False
+        started = rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, rejected, started
             message = await receive()
-            if message["type"] == "http.request":
+            if message["type"] == "http.request" and not rejected:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge()
+                    # Answer now and tell the app the client left: whatever it does next is dropped.
+                    rejected = True
+                    if not started:
+                        started = True
+                        await _send_problem(send, 413, f"request body exceeds the limit of {self.max_bytes} "
+                                            "bytes (RECYCLE_MAX_BODY_BYTES)", scope)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _send_problem(send, 413, f"request body exceeds the limit of {self.max_bytes} bytes "
-                                    "(RECYCLE_MAX_BODY_BYTES)", scope)
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not rejected:
+                raise
 
 
 async def _send_problem(send: Send, status: int, detail: str, scope: Scope) -> None:
