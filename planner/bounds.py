@@ -51,10 +51,13 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
     # two stages' entries keeps the bound valid under every reading.
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
+    capacity = [
+        int(costs.memory_limit_mb / a + 1e-9) if a > 0 else busiest[s] for s, a in enumerate(costs.activation)
+    ]
 
     for s in range(S):
         n = busiest[s]
-        k = int(costs.memory_limit_mb / costs.activation[s] + 1e-9) if costs.activation[s] > 0 else n
+        k = capacity[s]
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
@@ -73,7 +76,11 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         for end_stage in range(a + 1, S):
             there += f[end_stage - 1] + hop[end_stage - 1]
             back += b[end_stage - 1] + hop[end_stage - 1]
-            value = there + busiest[end_stage] * (f[end_stage] + b[end_stage]) + back + tail
+            n, k = busiest[end_stage], capacity[end_stage]
+            # When its last B starts, the busiest stage-b worker holds at most k micro-batches, so
+            # at least n - k of its W's are already done.
+            work = n * (f[end_stage] + b[end_stage]) + max(0, n - k) * w[end_stage]
+            value = there + work + back + tail
             if value > best.value_ms:
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
     return best

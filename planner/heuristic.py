@@ -36,10 +36,6 @@ class Policy:
     from this worker's F. Memory pressure (an F waiting for room) always lets W run."""
     w_yields_to_f: bool = False
     """With `w_tolerance`, a W also keeps clear of a forward input already on its way."""
-    defer_w: bool = False
-    """Stages after the first run a W only when an F waits for memory or no input gradient is
-    outstanding: every B delayed at stage s > 0 delays the chain back to stage 0, while stage 0's
-    W's simply fill its own gaps (ZB-H1's W postponement, driven by memory instead of a fixed count)."""
     f_yields: bool = False
     """Apply the same rule to F: do not start an F that would delay an expected gradient."""
     ahead_slack: int | None = 0
@@ -54,7 +50,6 @@ class Policy:
         cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
         gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
         f = (",F=yield" if self.f_yields else "") + (",W>F" if self.w_yields_to_f else "")
-        f += ",defer" if self.defer_w else ""
         return f"W={gaps}{f},cap={cap},rot={self.routing_rotation}"
 
 
@@ -77,7 +72,6 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     ]
     yield_w = policy.w_tolerance
     f_yields = policy.f_yields
-    defer_w = policy.defer_w
     yield_f_arrivals = policy.w_yields_to_f
     # executor[s][mb] for mb = home * M + m
     executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]
@@ -140,8 +134,6 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             ):
                 kind, mb = "F", pop(fh)[-1]
             elif wq:
-                if defer_w and s > 0 and ahead[wi] > 0 and not (f_ready and not f_room):
-                    continue  # wait for the outstanding gradient; W's go once it is drained
                 if (
                     yield_w is not None
                     and not (f_ready and not f_room)
