@@ -1,0 +1,88 @@
+"""Nothing lost: kill -9 the server while a precompute runs and plans are being stored, restart it on
+the same database; jobs, plans and the operation are all there and the precompute resumes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from api_testkit import STORES, Server, create_job, database_for, small_job
+
+from planner.failures import enumerate_failure_classes
+from planner.spec import JobSpec
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", STORES)
+def test_kill9_during_precompute_then_resume(store, tmp_path):
+    urls = database_for(store, tmp_path)
+    server = Server(next(urls), tmp_path / "server.log")
+    spec = small_job(4, 4, 8)
+    total = sum(1 for _ in enumerate_failure_classes(JobSpec.parse(spec), 2))
+    try:
+        server.start()
+        with server.client() as c:
+            job_id = create_job(c, spec)
+            kept_job = create_job(c, small_job(2, 2, 4))
+            asked = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [[3, 3]], "wait_s": 30}).json()
+            assert asked["status"] == "done"
+            op = c.post(f"/v1/jobs/{job_id}/precompute", json={"max_failures": 2}).json()
+            # A plan request for a class the precompute has not reached: it is solving or queued.
+            body = {"failed": [[0, 0], [2, 0]], "wait_s": 0}
+            pending = c.post(f"/v1/jobs/{job_id}/plans", json=body).json()
+            before = wait_for(lambda: (o := c.get(f"/v1/operations/{op['id']}").json())["done"] >= 3 and o,
+                              60, "a few classes to be stored")
+        assert before["status"] == "running" and before["done"] < total, "kill must land mid-precompute"
+        server.kill9()
+
+        server.start()
+        with server.client() as c:
+            assert c.get(f"/v1/jobs/{kept_job}").status_code == 200
+            assert c.get(f"/v1/jobs/{job_id}/plans/{asked['id']}").json()["status"] == "done"
+            after = c.get(f"/v1/operations/{op['id']}").json()
+            assert after["total"] == total and after["done"] >= before["done"]  # stored classes stay stored
+            final = wait_for(lambda: (o := c.get(f"/v1/operations/{op['id']}").json())["status"] != "running"
+                             and o, 120, "the resumed precompute to finish")
+            assert final["status"] == "done" and final["done"] == total and final["error"] is None
+            # The plan that was pending at the kill is finished too, and every class is a hit now.
+            got = wait_for(lambda: (p := c.get(f"/v1/jobs/{job_id}/plans/{pending['id']}").json())["status"]
+                           == "done" and p, 60, "the interrupted plan")
+            assert got["failed"] == [[0, 0], [2, 0]]
+            hit = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [[1, 2], [3, 1]], "wait_s": 0})
+            assert hit.status_code == 200 and hit.json()["status"] == "done"
+            timeline = c.get(f"/v1/jobs/{job_id}/plans/{got['id']}/timeline").json()
+            assert timeline["failed"] == [[0, 0], [2, 0]] and timeline["ops"]
+    finally:
+        server.stop()
+        for _ in urls:
+            pass
+
+
+@pytest.mark.slow
+def test_kill9_keeps_the_coordinator_generation(tmp_path):
+    server = Server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log")
+    try:
+        server.start()
+        with server.client() as c:
+            job_id = create_job(c, small_job(2, 2, 4))
+            c.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat", json={"address": "a:1", "pid": 7})
+            assert c.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 0]}).json()["generation"] == 2
+        server.kill9()
+        server.start()
+        with server.client() as c:
+            a = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment", params={"after": 1, "wait_s": 20}).json()
+            assert a["generation"] == 2 and a["failed"] == [[1, 0]] and a["status"] == "running"
+            members = c.get(f"/v1/jobs/{job_id}/membership").json()
+            assert members["workers"][0]["address"] == "a:1"
+    finally:
+        server.stop()
