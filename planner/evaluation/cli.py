@@ -102,6 +102,11 @@ def _check_options(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if not (math.isfinite(v) and v > 0):
             raise CliError(f"--{name.replace('_', '-')}: must be a number > 0, got {v}")
+    for name, low in (("hours", 0.0), ("mtbf_hours", 0.0), ("repair_hours", None)):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and (v > low if low is not None else v >= 0)):
+            bound = f"> {low:g}" if low is not None else ">= 0"
+            raise CliError(f"--{name.replace('_', '-')}: must be a number {bound}, got {v}")
     if args.precompute_k < 0:
         raise CliError(f"--precompute-k: must be >= 0, got {args.precompute_k}")
     if args.oobleck_min_stages is not None and args.oobleck_min_stages < 1:
