@@ -95,7 +95,8 @@ def main() -> None:
     rows = {}
     for stage, name in ((0, "first"), (1, "middle"), (2, "last")):
         module = StageModule(cfg, 3, stage).to(args.device)
-        rows[name] = {k: round(v, 4) for k, v in measure(module, cfg, args.batch, args.reps, args.device).items()}
+        row = measure(module, cfg, args.batch, args.reps, args.device)
+        rows[name] = {k: round(v, 4) for k, v in row.items()}
     print(json.dumps({"config": vars(args), "stages": rows}, indent=2))
     worst = max(abs(r["b_plus_w_over_full"] - 1) for r in rows.values())
     print(f"worst |T_B + T_W - T_full| / T_full = {worst:.3f} (bar: 0.15)")

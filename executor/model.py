@@ -90,7 +90,9 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1_g, self.ln1_b = _ones(width), _zeros(width)
-        self.qkv_w, self.qkv_b = _normal((3 * width, width), gen), _zeros(3 * width)
+        # No q/k/v bias: the key bias has an exactly zero gradient (softmax ignores a shift shared by
+        # all keys), and AdamW would turn its rounding noise into lr-sized random steps.
+        self.qkv_w = _normal((3 * width, width), gen)
         self.proj_w, self.proj_b = _normal((width, width), gen), _zeros(width)
         self.ln2_g, self.ln2_b = _ones(width), _zeros(width)
         self.fc_w, self.fc_b = _normal((4 * width, width), gen), _zeros(4 * width)
@@ -99,7 +101,7 @@ class Block(nn.Module):
     def forward(self, x: Tensor, store: WeightGradStore | None) -> Tensor:
         b, t, c = x.shape
         h = layer_norm(x, self.ln1_g, self.ln1_b, store)
-        q, k, v = linear(h, self.qkv_w, self.qkv_b, store).split(c, dim=-1)
+        q, k, v = linear(h, self.qkv_w, None, store).split(c, dim=-1)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + linear(att.transpose(1, 2).reshape(b, t, c), self.proj_w, self.proj_b, store)

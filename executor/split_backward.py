@@ -51,23 +51,22 @@ def _accumulate(param: Tensor, grad: Tensor) -> None:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, store: WeightGradStore | None):
-        ctx.save_for_backward(x, weight, bias)
-        ctx.store = store
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, store: WeightGradStore | None):
+        ctx.save_for_backward(x, weight)
+        ctx.bias, ctx.store = bias, store
         return torch.nn.functional.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        x, weight, bias = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
-        store = ctx.store
+        bias, store = ctx.bias, ctx.store
 
         def weight_work():
             g2 = grad_out.reshape(-1, grad_out.shape[-1])
-            x2 = x.reshape(-1, x.shape[-1])
-            gw, gb = g2.t() @ x2, g2.sum(0)
-            _accumulate(weight, gw)
-            _accumulate(bias, gb)
+            _accumulate(weight, g2.t() @ x.reshape(-1, x.shape[-1]))
+            if bias is not None:
+                _accumulate(bias, g2.sum(0))
 
         store.defer(weight_work)
         return grad_x, None, None, None
@@ -125,7 +124,7 @@ class _Embedding(torch.autograd.Function):
         return None, None, None, None
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor, store: WeightGradStore | None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, store: WeightGradStore | None) -> Tensor:
     if store is None:
         return torch.nn.functional.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias, store)

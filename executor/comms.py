@@ -1,0 +1,127 @@
+"""Process groups per membership generation, and the message tags of the P2P traffic.
+
+Groups are never made with `init_process_group`: each generation gets its own `PrefixStore`
+(`gen{n}/p2p` for the one global group, `gen{n}/stage{s}` for each stage's all-reduce group) on a
+`TCPStore` hosted by a process that outlives the workers, and the backend is constructed directly.
+That lets survivors build generation n+1 among themselves without restarting, and keeps the only
+device-dependent line (gloo on CPU, NCCL on GPU) in `make_group`.
+
+Every activation or gradient message carries a tag that encodes (iteration, home pipeline,
+micro-batch index, tensor kind), so two messages between the same pair of workers can never be
+matched to the wrong receive, whatever order the plan sends them in.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+Worker = tuple[int, int]
+
+TENSOR_KINDS = ("activation", "gradient")
+TAG_ITERATION_WINDOW = 64
+"""Tags wrap every this many iterations: a worker is never more than one iteration ahead of a peer
+it exchanges tensors with (the all-reduce of each stage and the P2P chain keep them together)."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The timeout hierarchy (seconds); each must be below the next.
+
+    operation: one receive, send or all-reduce; group_setup: building a generation's groups (longer,
+    because a survivor may still be stuck in the old generation's operation when the others start).
+    """
+
+    operation_s: float = 60.0
+    group_setup_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.operation_s < self.group_setup_s:
+            raise ValueError(
+                f"timeouts: need 0 < operation_s ({self.operation_s}) < group_setup_s ({self.group_setup_s})"
+            )
+
+
+def message_tag(iteration: int, home: int, index: int, tensor: str, pipelines: int, microbatches: int) -> int:
+    """A unique non-negative tag below 2**31 for one tensor of one micro-batch."""
+    kind = TENSOR_KINDS.index(tensor)
+    it = iteration % TAG_ITERATION_WINDOW
+    tag = ((it * pipelines + home) * microbatches + index) * len(TENSOR_KINDS) + kind
+    if tag >= 2**31:
+        raise ValueError(
+            f"message tag overflow: {pipelines} pipelines x {microbatches} micro-batches is too large "
+            f"for the tag space; lower TAG_ITERATION_WINDOW"
+        )
+    return tag
+
+
+def torch_device(device: str, local_index: int = 0) -> torch.device:
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device: cuda was asked for but torch sees no CUDA device")
+        return torch.device("cuda", local_index % torch.cuda.device_count())
+    raise ValueError(f"device: must be 'cpu' or 'cuda', got {device!r}")
+
+
+def make_group(store: dist.Store, rank: int, size: int, timeout_s: float, device: str) -> dist.ProcessGroup:
+    """The backend for one group: gloo on CPU, NCCL on GPU (the one device switch)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class GenerationGroups:
+    """The groups of one membership generation, as seen by one worker."""
+
+    def __init__(
+        self, store: dist.Store, generation: int, alive: list[Worker], worker: Worker,
+        timeouts: Timeouts, device: str,
+    ):
+        if worker not in alive:
+            raise ValueError(f"worker {list(worker)} is not in generation {generation}'s alive set")
+        self.generation = generation
+        self.alive = sorted(alive)
+        self.rank_of = {w: i for i, w in enumerate(self.alive)}
+        prefix = dist.PrefixStore(f"gen{generation}", store)
+        self.p2p: dist.ProcessGroup | None = None
+        if len(self.alive) > 1:
+            self.p2p = make_group(
+                dist.PrefixStore("p2p", prefix), self.rank_of[worker], len(self.alive),
+                timeouts.group_setup_s, device,
+            )
+        self.operation_timeout = datetime.timedelta(seconds=timeouts.operation_s)
+        self.stage_members = [w for w in self.alive if w[1] == worker[1]]
+        self.stage: dist.ProcessGroup | None = None
+        if len(self.stage_members) > 1:
+            self.stage = make_group(
+                dist.PrefixStore(f"stage{worker[1]}", prefix), self.stage_members.index(worker),
+                len(self.stage_members), timeouts.group_setup_s, device,
+            )
+
+    def send(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
+        assert self.p2p is not None
+        return self.p2p.send([tensor], self.rank_of[peer], tag)
+
+    def recv(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
+        assert self.p2p is not None
+        return self.p2p.recv([tensor], self.rank_of[peer], tag)
+
+    def wait(self, work: dist.Work) -> None:
+        """Every wait is bounded by the operation timeout (raises instead of hanging)."""
+        work.wait(self.operation_timeout)
+
+    def allreduce_sum(self, flat: torch.Tensor) -> None:
+        if self.stage is not None:
+            self.wait(self.stage.allreduce([flat]))

@@ -1,0 +1,51 @@
+"""Plain single-process training of the same model on the same global batches: the ground truth
+that every distributed run, with or without failures, must reproduce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from executor.data import DataConfig, MicrobatchSource
+from executor.model import ModelConfig, build_stages
+from executor.optim import OptimConfig, make_optimizer
+
+
+@dataclass
+class TrainingResult:
+    losses: list[float]
+    """Mean loss over the global batch (D x M micro-batches), one per iteration."""
+    stage_parameters: list[dict[str, torch.Tensor]]
+    """Each stage's parameters after the last iteration, by name."""
+
+    def stage_parameter_norms(self) -> list[float]:
+        return [float(torch.cat([t.reshape(-1) for t in ps.values()]).norm()) for ps in self.stage_parameters]
+
+
+def train_reference(
+    model: ModelConfig, stages: int, pipelines: int, microbatches: int, iterations: int,
+    data: DataConfig | None = None, optim: OptimConfig | None = None,
+) -> TrainingResult:
+    data, optim = data or DataConfig(), optim or OptimConfig()
+    modules = build_stages(model, stages)
+    optimizers = [make_optimizer(m, optim) for m in modules]
+    source = MicrobatchSource(model, data)
+    scale = 1.0 / (pipelines * microbatches)
+    losses = []
+    for it in range(iterations):
+        for m in modules:
+            m.zero_grad(set_to_none=True)
+        total = 0.0
+        for home in range(pipelines):
+            for index in range(microbatches):
+                x, y = source.load(it, home, index)
+                for m in modules[:-1]:
+                    x = m(x)
+                loss = modules[-1](x, y)
+                total += float(loss.detach()) * scale
+                (loss * scale).backward()
+        for opt in optimizers:
+            opt.step()
+        losses.append(total)
+    return TrainingResult(losses, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in modules])

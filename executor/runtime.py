@@ -1,0 +1,230 @@
+"""Run one worker's instruction stream, iteration after iteration, with torch.distributed P2P.
+
+A worker process gets a `WorkerSpec` (its stream, the model and training options, where the
+c10d store is, the membership generation), builds that generation's groups, and executes each
+instruction in order:
+
+- RECV: wait for a receive that was posted ahead of time (a small window of receives is kept in
+  flight so transfers overlap compute), tagged by (iteration, home pipeline, index, kind);
+- F / B / W: `StageRunner`; stage 0 loads its tokens and the last stage its targets itself from
+  the deterministic data, so a re-routed micro-batch needs nothing from its home pipeline;
+- SEND: non-blocking send, completed before the iteration ends (the tensor is kept alive until then);
+- ALLREDUCE: one flat buffer of the stage's gradients (the last stage appends its loss sum) summed
+  over the stage's alive replicas; every micro-batch loss was scaled by 1 / (D x M), so the sum is
+  the gradient of the global batch's mean loss whatever failed;
+- OPTIMIZER: this stage's AdamW step, with no barrier against other stages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.comms import GenerationGroups, Timeouts, connect_store, message_tag, torch_device
+from executor.data import DataConfig, MicrobatchSource
+from executor.model import ModelConfig, StageModule
+from executor.optim import OptimConfig, make_optimizer
+from executor.stage import StageRunner
+from planner.instructions import Instruction, InstructionStream
+
+RECV_WINDOW = 4
+"""Receives posted ahead of the one being waited for (bounded: each holds one activation buffer)."""
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker process needs; JSON-able so it crosses process boundaries as text."""
+
+    worker: tuple[int, int]
+    pipelines: int
+    stages: int
+    microbatches: int
+    iterations: int
+    generation: int
+    alive: list[tuple[int, int]]
+    stream: dict[str, Any]
+    model: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)
+    optim: dict[str, Any] = field(default_factory=dict)
+    store_host: str = "127.0.0.1"
+    store_port: int = 0
+    device: str = "cpu"
+    threads: int = 1
+    operation_timeout_s: float = 60.0
+    group_setup_timeout_s: float = 120.0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        raw = json.loads(text)
+        raw["worker"] = tuple(raw["worker"])
+        raw["alive"] = [tuple(w) for w in raw["alive"]]
+        return cls(**raw)
+
+
+class Worker:
+    """One [pipeline, stage] worker with its model replica, optimizer and groups."""
+
+    def __init__(self, spec: WorkerSpec, groups: GenerationGroups):
+        self.spec = spec
+        self.p, self.s = spec.worker
+        self.groups = groups
+        self.stream = InstructionStream.model_validate(spec.stream)
+        if tuple(self.stream.worker) != spec.worker:
+            raise ValueError(f"stream is for worker {list(self.stream.worker)}, not {list(spec.worker)}")
+        self.model_cfg = ModelConfig(**spec.model)
+        self.data_cfg = DataConfig(**spec.data)
+        self.device = torch_device(spec.device, self.p * spec.stages + self.s)
+        self.module = StageModule(self.model_cfg, spec.stages, self.s).to(self.device)
+        self.runner = StageRunner(self.module, 1.0 / (spec.pipelines * spec.microbatches))
+        self.optimizer = make_optimizer(self.module, OptimConfig(**spec.optim))
+        self.source = MicrobatchSource(self.model_cfg, self.data_cfg)
+        self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
+        self.losses: list[float] = []
+        self.iteration_end_s: list[float] = []
+        self.op_seconds: dict[str, float] = {}
+
+    def _tag(self, iteration: int, ins: Instruction) -> int:
+        assert ins.microbatch is not None and ins.tensor is not None
+        home, index = ins.microbatch
+        spec = self.spec
+        return message_tag(iteration, home, index, ins.tensor.value, spec.pipelines, spec.microbatches)
+
+    def run_iteration(self, iteration: int) -> None:
+        runner, groups = self.runner, self.groups
+        runner.start_iteration()
+        recvs = [ins for ins in self.stream.instructions if ins.op == "RECV"]
+        posted: deque[tuple[Instruction, torch.Tensor, Any]] = deque()
+        next_recv = 0
+
+        def post_receives() -> None:
+            nonlocal next_recv
+            while next_recv < len(recvs) and len(posted) < RECV_WINDOW:
+                ins = recvs[next_recv]
+                buf = torch.empty(self.buffer_shape, device=self.device)
+                posted.append((ins, buf, groups.recv(buf, tuple(ins.peer), self._tag(iteration, ins))))
+                next_recv += 1
+
+        received: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
+        outgoing: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
+        sends: list[tuple[Any, torch.Tensor]] = []
+        post_receives()
+        for ins in self.stream.instructions:
+            started = time.perf_counter()
+            mb = tuple(ins.microbatch) if ins.microbatch is not None else None
+            if ins.op == "RECV":
+                posted_ins, buf, work = posted.popleft()
+                assert posted_ins is ins
+                groups.wait(work)
+                received[(mb, ins.tensor.value)] = buf
+                post_receives()
+            elif ins.op == "SEND":
+                tensor = outgoing.pop((mb, ins.tensor.value))
+                sends.append((groups.send(tensor, tuple(ins.peer), self._tag(iteration, ins)), tensor))
+            elif ins.op == "F":
+                if runner.first:
+                    x, _ = self.source.load(iteration, *mb)
+                    x = x.to(self.device)
+                else:
+                    x = received.pop((mb, "activation"))
+                targets = self.source.load(iteration, *mb)[1].to(self.device) if runner.last else None
+                out = runner.forward(mb, x, targets)
+                if not runner.last:
+                    outgoing[(mb, "activation")] = out
+            elif ins.op == "B":
+                grad = None if runner.last else received.pop((mb, "gradient"))
+                grad_in = runner.backward_input(mb, grad)
+                if not runner.first:
+                    outgoing[(mb, "gradient")] = grad_in.contiguous()
+            elif ins.op == "W":
+                runner.backward_weight(mb)
+            elif ins.op == "ALLREDUCE":
+                self._allreduce()
+            elif ins.op == "OPTIMIZER":
+                self.optimizer.step()
+            self.op_seconds[ins.op.value] = self.op_seconds.get(ins.op.value, 0.0) + (
+                time.perf_counter() - started
+            )
+        for work, _ in sends:
+            groups.wait(work)
+        if received or outgoing or posted:
+            raise RuntimeError(
+                f"worker {list(self.spec.worker)} iteration {iteration}: stream left "
+                f"{len(received)} received and {len(outgoing)} unsent tensors (plan inconsistent)"
+            )
+        self.iteration_end_s.append(time.time())
+
+    def _allreduce(self) -> None:
+        self.runner.ensure_grads()
+        params = list(self.module.parameters())
+        parts = [p.grad.reshape(-1) for p in params]
+        if self.runner.last:
+            local = sum(self.runner.losses.values()) * self.runner.loss_scale
+            parts.append(torch.tensor([local], dtype=parts[0].dtype, device=self.device))
+        flat = torch.cat(parts)
+        self.groups.allreduce_sum(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+        if self.runner.last:
+            self.losses.append(float(flat[-1]))
+
+    def results(self) -> dict[str, Any]:
+        return {
+            "worker": list(self.spec.worker),
+            "losses": self.losses,
+            "iteration_end_s": self.iteration_end_s,
+            "op_seconds": self.op_seconds,
+            "parameters": {n: p.detach().cpu() for n, p in self.module.named_parameters()},
+        }
+
+
+def worker_main(spec_json: str, result_path: str) -> None:
+    """Process entry point: train `spec.iterations` iterations, write results (or the error) to
+    `result_path` with torch.save. Never hangs: every wait is bounded by the operation timeout."""
+    spec = WorkerSpec.from_json(spec_json)
+    torch.set_num_threads(spec.threads)
+    out: dict[str, Any]
+    try:
+        timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
+        store = connect_store(spec.store_host, spec.store_port, timeouts.group_setup_s)
+        groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device)
+        worker = Worker(spec, groups)
+        started = time.time()
+        for it in range(spec.iterations):
+            worker.run_iteration(it)
+        out = {**worker.results(), "started_s": started, "error": None}
+    except Exception as exc:  # reported to the launcher, which names the worker
+        out = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()}
+    tmp = Path(f"{result_path}.tmp{os.getpid()}")
+    torch.save(out, tmp)
+    tmp.replace(result_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m executor.runtime SPEC.json RESULT.pt`: how launchers start a worker process."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m executor.runtime SPEC.json RESULT.pt", file=sys.stderr)
+        return 2
+    worker_main(Path(args[0]).read_text(), args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

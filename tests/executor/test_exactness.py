@@ -1,0 +1,78 @@
+"""Distributed training with re-routed micro-batches is the same math as one process.
+
+Each case starts real worker processes (gloo on CPU, tagged isend/irecv, per-stage all-reduce) on
+the planner's instruction streams. Failed workers are absent from the start (a static failure set):
+their micro-batches run on same-stage peers, crossing pipelines, and the losses and final
+parameters must equal a plain single-process training on the same global batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.local import train_local
+from executor.model import ModelConfig
+from executor.reference import train_reference
+from planner.spec import SpecError
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 8
+MICROBATCHES = 4
+RTOL = 1e-5
+
+
+def tiny(stages: int) -> ModelConfig:
+    return ModelConfig(layers=2 * stages, width=32, heads=2, vocab=64, seq_len=16, seed=1)
+
+
+@pytest.fixture(scope="module")
+def references():
+    torch.set_num_threads(1)
+    cache = {}
+
+    def get(pipelines: int, stages: int):
+        if (pipelines, stages) not in cache:
+            cache[pipelines, stages] = train_reference(
+                tiny(stages), stages, pipelines, MICROBATCHES, ITERATIONS
+            )
+        return cache[pipelines, stages]
+
+    return get
+
+
+def assert_same_training(run, ref):
+    assert len(run.losses) == len(ref.losses) == ITERATIONS
+    for it, (a, b) in enumerate(zip(run.losses, ref.losses, strict=True)):
+        assert abs(a - b) <= RTOL * abs(b), f"iteration {it}: loss {a} vs reference {b}"
+    for s, (got, want) in enumerate(zip(run.stage_parameters, ref.stage_parameters, strict=True)):
+        assert got.keys() == want.keys()
+        for name, t in want.items():
+            rel = float((got[name] - t).norm() / t.norm())
+            assert rel <= RTOL, f"stage {s} {name}: relative difference {rel}"
+    # Training moved the parameters (the comparison is not between two untouched models).
+    assert ref.losses[-1] < ref.losses[0]
+
+
+CASES = [
+    (3, 2, ()),
+    (3, 2, ((1, 1),)),
+    (3, 2, ((1, 1), (2, 0))),
+    (2, 3, ()),
+    (2, 3, ((0, 1),)),
+    (2, 3, ((0, 1), (1, 2))),
+]
+
+
+@pytest.mark.parametrize(("pipelines", "stages", "failed"), CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_training_equals_single_process(references, pipelines, stages, failed):
+    run = train_local(pipelines, stages, MICROBATCHES, ITERATIONS, tiny(stages), failed=failed,
+                      timeout_s=240, operation_timeout_s=60)
+    assert run.failed == sorted(failed)
+    assert_same_training(run, references(pipelines, stages))
+
+
+def test_a_stage_with_no_survivor_is_refused_before_anything_starts():
+    with pytest.raises(SpecError, match="stage 1"):
+        train_local(2, 2, 2, 1, tiny(2), failed=((0, 1), (1, 1)))
