@@ -174,6 +174,28 @@ def compact_json(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
+def timeline_text(result) -> str:
+    """`result.timeline_json()` as compact JSON text, about twice as fast for a 100k-op plan.
+
+    The CLI's 3 s bar at 32 x 16 x 64 is spent mostly in planning; building ~100k op dicts and
+    encoding them was a further ~0.8 s. The header (job, failed, periods, solver) still comes from
+    `timeline_json()` itself; only the ops are written directly, with `Op.to_json`'s keys, order and
+    rounding (test_cli checks that both parse to the same document).
+    """
+    import dataclasses
+
+    header = dataclasses.replace(result, ops=[]).timeline_json()
+    ops = []
+    append = ops.append
+    for o in sorted(result.ops, key=lambda o: (o.worker, o.start_ms)):
+        mb = "" if o.microbatch is None else f',"microbatch":[{o.microbatch[0]},{o.microbatch[1]}]'
+        append(f'{{"worker":[{o.worker[0]},{o.worker[1]}],"kind":"{o.kind}",'
+               f'"start_ms":{round(o.start_ms, 6)!r},"end_ms":{round(o.end_ms, 6)!r}{mb}}}')
+    fields = [f'"ops":[{",".join(ops)}]' if key == "ops" else f"{json.dumps(key)}:{compact_json(value)}"
+              for key, value in header.items()]
+    return "{" + ",".join(fields) + "}"
+
+
 def _workers_text(workers) -> str:
     return " ".join(f"[{p},{s}]" for p, s in workers) or "none"
 
@@ -206,11 +228,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.format == "summary":
         output: str | bytes = json.dumps({"failed": [list(w) for w in result.failed],
                                           **result.summary_json()}, indent=2)
+    elif args.format == "timeline":
+        output = timeline_text(result)
     else:
         timeline = result.timeline_json()
-        if args.format == "timeline":
-            output = compact_json(timeline)
-        elif args.format == "chrome":
+        if args.format == "chrome":
             from planner.export.chrome import chrome_trace
 
             output = compact_json(chrome_trace(timeline))
@@ -403,7 +425,7 @@ def cmd_precompute(args: argparse.Namespace) -> int:
             _write_atomic(index_path, json.dumps(index, indent=1))
             continue
         name = class_file_name(key)
-        _write_atomic(out_dir / name, compact_json(result.timeline_json()))
+        _write_atomic(out_dir / name, timeline_text(result))
         index["unplannable"].pop(key, None)
         index["classes"][key] = {
             "file": name,

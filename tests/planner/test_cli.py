@@ -49,6 +49,13 @@ def test_plan_writes_a_timeline_and_summarises(job_file, plan_file):
         assert word in done.stderr
 
 
+def test_fast_timeline_text_is_the_contract_document(failed_plan, fault_free_plan):
+    from planner.cli import timeline_text
+
+    for result in (failed_plan, fault_free_plan):
+        assert json.loads(timeline_text(result)) == result.timeline_json()
+
+
 def test_simulate_a_valid_plan(plan_file):
     done = recycle("simulate", plan_file, "--jitter", "0.1", "--seed", "3", "--iterations", "20")
     assert done.returncode == 0, done.stderr
