@@ -11,11 +11,12 @@ Design notes and the validity arguments are in docs/notes/cpsat.md.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cp.orders import Orders, orders_of, relabel, retime, steady_state
+from planner.cp.orders import Key, Retimed, orders_of, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
 from planner.simulator import replay, validate
 from planner.spec import JobSpec, Worker
@@ -52,6 +53,10 @@ class CpResult:
     """Replayed period of `ops` (exact ms)."""
     scale: int = 0
     """Model time units per ms."""
+    deterministic_time: float = 0.0
+    """CP-SAT's deterministic time (comparable across loaded and idle machines)."""
+    model_ops: list[Op] | None = None
+    """The CP solution's own times converted back to ms (exact scales only; `ops` is re-timed)."""
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
@@ -71,8 +76,13 @@ def improve(
     bound_ms: float,
     time_limit_s: float,
     seed: int,
+    *,
+    symmetry_breaking: bool = True,
 ) -> CpResult:
-    """Search for a plan better than `hint_ops` within `time_limit_s` (model building included)."""
+    """Search for a plan better than `hint_ops` within `time_limit_s` (model building included).
+
+    `symmetry_breaking=False` exists for tests that check the symmetry rules lose no optimum.
+    """
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
@@ -84,17 +94,11 @@ def improve(
     from planner.cp.model import Instance, ModelTooLarge, add_hint, build, cp_model, full_routes
 
     scale = choose_scale(job)
-    routes0 = _routes_of(hint_ops)
-    if full:
-        hint = relabel(job, failed, hint_ops, sort_pipelines=True, same_class=lambda p, m: p)
-    else:
-        stages = range(job.stages)
-        hint = relabel(job, failed, hint_ops, sort_pipelines=False,
-                       same_class=lambda p, m: tuple(routes0[(p, m, s)] for s in stages))
-    warm = steady_state(job, orders_of(hint), hint_period_ms)
+    warm = _warm_start(job, failed, hint_ops, hint_period_ms, full)
     inst = Instance(job, tuple(failed), scale, full_routes(job, failed) if full else _routes_of(warm.ops))
     try:
-        model = build(inst, scale.up(hint_period_ms), scale.up(bound_ms), sort_pipelines=full)
+        model = build(inst, scale.up(hint_period_ms), scale.up(bound_ms),
+                      sort_pipelines=full and symmetry_breaking, symmetry_breaking=symmetry_breaking)
     except ModelTooLarge as exc:
         return _not_run(f"restricted (not built: {exc})", started)
     add_hint(model, warm)
@@ -108,18 +112,20 @@ def improve(
     for name, value in params.items():
         setattr(solver.parameters, name, value)
     status = solver.Solve(model.cp)
-    status_name = solver.StatusName(status)
     result = CpResult(
-        ops=None, cp_status=status_name, model=label, bound_ms=0.0, wall_s=0.0, workers=NUM_WORKERS,
-        branches=solver.NumBranches(), conflicts=solver.NumConflicts(), scale=scale.scale,
+        ops=None, cp_status=solver.StatusName(status), model=label, bound_ms=0.0, wall_s=0.0,
+        workers=NUM_WORKERS, branches=solver.NumBranches(), conflicts=solver.NumConflicts(),
+        scale=scale.scale, deterministic_time=solver.ResponseProto().deterministic_time,
         parameters={**params, "time_units_per_ms": scale.scale, "exact_times": scale.exact},
     )
     if full and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
-        # ceil(real optimum x scale) >= the model's bound, so the real optimum > bound - 1 unit.
-        result.bound_ms = max(bound_ms, scale.ms(solver.BestObjectiveBound() - 1))
+        result.bound_ms = max(bound_ms, global_bound_ms(solver.BestObjectiveBound(), scale.scale, job.stages))
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         result.objective_ms = scale.ms(solver.ObjectiveValue())
-        ops = retime(job, _solution_orders(model, solver)).ops
+        placed = _placed(model, solver)
+        if scale.exact:
+            result.model_ops = _model_ops(model, placed, solver)
+        ops = retime(job, {w: [key for _, key in seq] for w, seq in placed.items()}).ops
         period = replay(job, ops).iteration_ms
         if period < hint_period_ms - 1e-6 and not validate(job, failed, ops):
             result.ops, result.period_ms = ops, period
@@ -127,12 +133,52 @@ def improve(
     return result
 
 
-def _solution_orders(model, solver) -> Orders:
-    """Each worker's compute ops sorted by their start in the solution (F/B/W last >= 1 unit, so
-    two ops of one worker never share a start and the order is exactly the solution's)."""
-    placed: dict[Worker, list[tuple[int, tuple[str, int, int, int]]]] = {}
+def global_bound_ms(model_bound: float, scale: int, stages: int) -> float:
+    """The real problem's bound from the model's proven bound LB (in units).
+
+    For fixed orders and routing the least feasible period is a cycle ratio W/k of integer weights
+    with k <= S wrap edges (one per stage window), and ceil(real optimum x scale) >= LB, so the real
+    optimum x scale > LB - 1 and is a fraction with denominator <= S: it is >= LB - 1 + 1/S.
+    """
+    return max(0.0, (math.floor(model_bound + 1e-9) - 1 + 1 / stages) / scale)
+
+
+def _warm_start(job, failed, hint_ops, hint_period_ms, full: bool) -> Retimed:
+    """The hint relabelled into the symmetry-broken form, timed at its steady state."""
+    if full:
+        hint = relabel(job, failed, hint_ops, sort_pipelines=True, same_class=lambda p, m: p)
+    else:
+        routes = _routes_of(hint_ops)
+        stages = range(job.stages)
+        hint = relabel(job, failed, hint_ops, sort_pipelines=False,
+                       same_class=lambda p, m: tuple(routes[(p, m, s)] for s in stages))
+    return steady_state(job, orders_of(hint), hint_period_ms)
+
+
+Placed = dict[Worker, list[tuple[int, Key]]]
+
+
+def _placed(model, solver) -> Placed:
+    """Each worker's compute ops with their start (units), in start order. F/B/W last >= 1 unit,
+    so two ops of one worker never share a start and the order is exactly the solution's."""
+    placed: Placed = {}
     for (p, m, s), task in model.tasks.items():
         q = next(q for q, lit in task.choice.items() if lit is None or solver.BooleanValue(lit))
         for kind, var in task.start.items():
             placed.setdefault((q, s), []).append((solver.Value(var), (kind, p, m, s)))
-    return {w: [key for _, key in sorted(seq)] for w, seq in placed.items()}
+    return {w: sorted(seq) for w, seq in placed.items()}
+
+
+def _model_ops(model, placed: Placed, solver) -> list[Op]:
+    """The solution's own times in ms (exact durations); valid as is when the scale is exact."""
+    job, scale = model.inst.job, model.inst.scale
+    costs = job.costs
+    ops = [Op(w, k, (p, m), scale.ms(t), scale.ms(t) + costs.duration(k, s))
+           for w, seq in placed.items() for t, (k, p, m, s) in seq]
+    for w in model.inst.alive_workers:
+        s = w[1]
+        at = scale.ms(solver.Value(model.allreduce[s]))
+        ops.append(Op(w, "ALLREDUCE", None, at, at + costs.allreduce[s]))
+        ops.append(Op(w, "OPTIMIZER", None, at + costs.allreduce[s],
+                      at + costs.allreduce[s] + costs.optimizer[s]))
+    return ops

@@ -74,14 +74,10 @@ class Instance:
         return sum(self.duration[k][s] for k in COMPUTE_KINDS)
 
     def horizon(self, period_cap: int) -> int:
-        """Every optimal (indeed every) span-feasible schedule fits in [0, horizon] after a shift:
-        the difference constraints' solution from a virtual source is bounded by the sum of the
-        absolute edge weights (durations, hops, and one -P wrap edge per worker)."""
-        S = self.job.stages
-        hops = sum(2 * max(self.hop[False][s], self.hop[True][s]) for s in range(S - 1))
-        total = sum(self.work(s) + hops for _, _, s in self.routes)
-        total += sum(self.duration["ALLREDUCE"][s] + self.duration["OPTIMIZER"][s] for s in range(S))
-        total += len(self.alive_workers) * period_cap
+        """All times fit in [0, 2 x cap] once stage 0's window starts at 0: every op of a micro-batch
+        at stage s precedes its stage-0 B, so the stage's window starts no later than
+        ALLREDUCE_0 <= cap, and everything of stage s ends by ALLREDUCE_s <= that start + P."""
+        total = 2 * period_cap
         if total > MAX_UNITS:
             raise ModelTooLarge(f"time horizon of {total} units at scale {self.scale.scale} is too large")
         return total
@@ -114,14 +110,14 @@ class Model:
     memory: dict[Worker, list[cp_model.IntervalVar]] = field(default_factory=lambda: defaultdict(list))
     memory_size: dict[TaskKey, cp_model.IntVar] = field(default_factory=dict)
     allreduce: dict[int, cp_model.IntVar] = field(default_factory=dict)
-    first: dict[Worker, cp_model.IntVar] = field(default_factory=dict)
     period: cp_model.IntVar | None = None
 
     def end(self, task: Task, kind: str) -> cp_model.LinearExpr:
         return task.start[kind] + self.inst.duration[kind][task.key[2]]
 
 
-def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bool) -> Model:
+def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bool,
+          symmetry_breaking: bool = True) -> Model:
     model = Model(inst, cp_model.CpModel(), period_cap, min(period_floor, period_cap))
     model.horizon = inst.horizon(period_cap)
     add_tasks(model)
@@ -131,7 +127,8 @@ def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bo
     add_no_overlap(model)
     add_memory(model)
     add_period_objective(model)
-    add_symmetry_breaking(model, sort_pipelines)
+    if symmetry_breaking:
+        add_symmetry_breaking(model, sort_pipelines)
     return model
 
 
@@ -251,28 +248,25 @@ def add_memory(model: Model) -> None:
 def add_period_objective(model: Model) -> None:
     """The steady-state period: P >= (OPTIMIZER end - first op start) on every worker; minimize P.
 
-    `first[w]` only has to be <= every start on w (minimizing P pushes it up to the true first
-    start). A task's F precedes its B and W, so bounding by F starts is enough. Redundant but valid:
-    P >= the worker's total work (linear in the routing literals), P >= the proven bound (floor),
-    P <= the heuristic's period (cap), and the earliest first start is 0 (time-shift symmetry).
+    All alive workers of stage s end their OPTIMIZER at the same time (their common ALLREDUCE
+    start plus AR_s + OPT_s), so "every worker's span <= P" is the same as "every F of stage s
+    starts at or after ALLREDUCE_s + AR_s + OPT_s - P": one window per stage, whoever runs the op,
+    with no per-worker first-start variable and no presence literal.
+    Redundant but valid: P >= each worker's total work (linear in the routing literals), P >= the
+    proven bound (floor) and P <= the heuristic's period (cap). Time-shift symmetry: stage 0's
+    window starts at 0 (shift any solution so); see `horizon` for why 2 x cap then bounds all times.
     """
     cp, inst = model.cp, model.inst
     model.period = cp.NewIntVar(model.period_floor, model.period_cap, "period")
+    tail = [inst.duration["ALLREDUCE"][s] + inst.duration["OPTIMIZER"][s] for s in range(inst.job.stages)]
     workload: dict[Worker, list] = defaultdict(list)
-    for w in inst.alive_workers:
-        model.first[w] = cp.NewIntVar(0, model.horizon, f"first{w}")
     for (_, _, s), task in model.tasks.items():
+        cp.Add(task.start["F"] >= model.allreduce[s] + tail[s] - model.period)
         for q, lit in task.choice.items():
-            c = cp.Add(model.first[(q, s)] <= task.start["F"])
-            if lit is not None:
-                c.OnlyEnforceIf(lit)
             workload[(q, s)].append(inst.work(s) * (1 if lit is None else lit))
-    for w, first in model.first.items():
-        s = w[1]
-        tail = inst.duration["ALLREDUCE"][s] + inst.duration["OPTIMIZER"][s]
-        cp.Add(model.period >= model.allreduce[s] + tail - first)
-        cp.Add(model.period >= sum(workload[w]) + tail)
-    cp.AddMinEquality(0, list(model.first.values()))
+    for w in inst.alive_workers:
+        cp.Add(model.period >= sum(workload[w]) + tail[w[1]])
+    cp.Add(model.allreduce[0] + tail[0] - model.period == 0)
     cp.Minimize(model.period)
 
 
@@ -314,31 +308,41 @@ def add_symmetry_breaking(model: Model, sort_pipelines: bool) -> None:
 
 
 def add_hint(model: Model, hint: Retimed) -> None:
-    """`AddHint` on every variable from a valid plan in the model's canonical labelling."""
-    cp, units = model.cp, (lambda ms: round(ms * model.inst.scale.scale))
+    """`AddHint` on every variable from a valid plan in the model's canonical labelling, shifted so
+    that stage 0's window starts at 0 as the model demands."""
+    cp, inst = model.cp, model.inst
+
+    def units(ms: float) -> int:
+        return round(ms * inst.scale.scale)
+
+    span = max(units(hint.optimizer_end[w]) - units(hint.first_start[w]) for w in hint.first_start)
+    period = min(max(span, model.period_floor), model.period_cap)
+    ar0 = min(units(o.start_ms) for o in hint.ops if o.kind == "ALLREDUCE" and o.worker[1] == 0)
+    offset = ar0 + inst.duration["ALLREDUCE"][0] + inst.duration["OPTIMIZER"][0] - period
+
+    def at(ms: float) -> int:
+        return min(model.horizon, max(0, units(ms) - offset))
+
+    cp.AddHint(model.period, period)
+    allreduce_at: dict[int, int] = {}
     executor: dict[TaskKey, int] = {}
     f_start: dict[TaskKey, int] = {}
-    allreduce_at: dict[int, int] = {}
     for op in hint.ops:
         if op.microbatch is None:
             if op.kind == "ALLREDUCE":
-                allreduce_at[op.worker[1]] = min(model.horizon, units(op.start_ms))
+                allreduce_at[op.worker[1]] = at(op.start_ms)
             continue
         key = (op.microbatch[0], op.microbatch[1], op.worker[1])
         task = model.tasks[key]
-        cp.AddHint(task.start[op.kind], min(model.horizon, units(op.start_ms)))
+        cp.AddHint(task.start[op.kind], at(op.start_ms))
         executor[key] = op.worker[0]
         if op.kind == "F":
             f_start[key] = units(op.start_ms)
         elif op.kind == "W" and key in model.memory_size:
             cp.AddHint(model.memory_size[key], units(op.end_ms) - f_start[key])
+    for s, start in allreduce_at.items():
+        cp.AddHint(model.allreduce[s], start)
     for key, task in model.tasks.items():
         for q, lit in task.choice.items():
             if lit is not None:
                 cp.AddHint(lit, q == executor[key])
-    for s, at in allreduce_at.items():
-        cp.AddHint(model.allreduce[s], at)
-    for w, var in model.first.items():
-        cp.AddHint(var, units(hint.first_start[w]))
-    span = max(units(hint.optimizer_end[w]) - units(hint.first_start[w]) for w in model.first)
-    cp.AddHint(model.period, min(max(span, model.period_floor), model.period_cap))

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from planner.spec import JobSpec
 
-SCALES = (1, 10, 100, 1000, 10_000, 100_000, 1_000_000)
+SCALES = (100, 1000, 10_000, 100_000, 1_000_000)
+"""At least 100 units per ms: a proven bound loses up to one unit (see `cpsat.global_bound_ms`)."""
 FALLBACK_SCALE = 1000
 MAX_UNITS = 2**50
 """Largest time value the model may need; CP-SAT works in int64 and wants head-room."""
@@ -48,7 +49,7 @@ def job_times(job: JobSpec) -> list[float]:
 
 
 def choose_scale(job: JobSpec) -> TimeScale:
-    """The smallest power of ten that makes every time of the job a whole number of units.
+    """The smallest power of ten >= 100 that makes every time of the job a whole number of units.
 
     F, B and W must also last at least one unit (they are > 0 by the spec): a zero-length op would
     let the model tie it with its successor and blur the op order we read back. Without an exact
@@ -60,7 +61,7 @@ def choose_scale(job: JobSpec) -> TimeScale:
     for scale in SCALES:
         if shortest * scale < 1 - 1e-9:
             continue
-        if all(abs(v * scale - round(v * scale)) <= 1e-6 * max(1.0, v * scale) for v in values):
+        if all(abs(v * scale - round(v * scale)) <= 1e-6 + 1e-12 * v * scale for v in values):
             return TimeScale(scale, exact=True)
     scale = FALLBACK_SCALE
     while shortest * scale < 1:
