@@ -14,6 +14,7 @@ from api import logs, problems
 from api.coordination import Coordinator
 from api.db import make_engine, migrate
 from api.deps import Authorized, Services
+from api.fastpath import CachedStreams
 from api.materials import parse_failed_key
 from api.metrics import Metrics
 from api.middleware import AccessMetrics, BodyLimit
@@ -88,6 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (jobs.router, plans.router, operations.router, coordinator.router):
         app.include_router(router, dependencies=Authorized)
     app.include_router(_docs_router(app))
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    app.add_middleware(CachedStreams, service_app=app, token=token)
     app.add_middleware(AccessMetrics, metrics=metrics, log_requests=settings.access_log)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 

@@ -1,0 +1,99 @@
+"""Shared by the API benchmarks: a service subprocess and a lean asyncio HTTP/1.1 keep-alive client
+(httpx costs more CPU per request than the server on a 2-core box, and would measure itself)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = REPO.parent / "shared" / "scenarios"
+
+
+def start_service(**env: str) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory]:
+    tmp = tempfile.TemporaryDirectory(prefix="recycle-bench-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full_env = {**os.environ, "RECYCLE_DATABASE_URL": f"sqlite:///{tmp.name}/bench.db",
+                "RECYCLE_ACCESS_LOG": "false", **env}
+    log = open(Path(tmp.name) / "service.log", "wb")  # noqa: SIM115 - lives as long as the service
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port)], cwd=REPO,
+                            env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url, tmp
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("service did not start: " + (Path(tmp.name) / "service.log").read_text())
+
+
+def stop_service(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: GET/POST and read one response at a time."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> Connection:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        assert self.reader is not None and self.writer is not None
+        payload = b"" if body is None else json.dumps(body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(payload)}\r\n"
+                f"Content-Type: application/json\r\n\r\n")
+        self.writer.write(head.encode() + payload)
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length) if length else b""
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def host_port(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def scenario(name: str, **overrides) -> dict:
+    return {**json.loads((SCENARIOS / name).read_text()), **overrides}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
