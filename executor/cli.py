@@ -1,0 +1,86 @@
+"""`recycle profile`: the executor's command line.
+
+`register` only defines arguments: cli/main.py imports this module for every `recycle` call, so
+torch is imported inside the command. Bad input (a model option out of range, more stages than
+layers, an unwritable output) ends in one line on stderr naming the option and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_OK, EXIT_INPUT = 0, 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="Measure a model on this machine and write a job spec for the planner.",
+        description="Measures, per stage, the forward (F), input-gradient (B) and weight-gradient (W) "
+        "time of one micro-batch, the AdamW step, the activation memory one micro-batch holds, the "
+        "loopback P2P transfer of one activation and the stage's gradient all-reduce over D ranks, "
+        "and writes the job spec JSON (shared/docs/contracts.md) the planner reads.",
+    )
+    p.error = _fail_usage  # type: ignore[method-assign]
+    p.add_argument("--pipelines", "-D", type=int, default=2, help="data-parallel degree D (default 2)")
+    p.add_argument("--stages", "-S", type=int, default=2, help="pipeline depth S (default 2)")
+    p.add_argument("--microbatches", "-M", type=int, default=4,
+                   help="micro-batches per pipeline per iteration (default 4)")
+    model_options(p)
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per figure (default 10)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default cpu)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the job spec here instead of stdout")
+    p.set_defaults(run=cmd_profile)
+
+
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The model and data options shared by every executor command."""
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks in the model (default 4)")
+    p.add_argument("--width", type=int, default=32, help="hidden size (default 32)")
+    p.add_argument("--heads", type=int, default=2, help="attention heads, must divide width (default 2)")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary size (default 64)")
+    p.add_argument("--seq-len", type=int, default=16, help="tokens per sample (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="parameter and data seed (default 0)")
+    p.add_argument("--batch-size", type=int, default=2, help="samples per micro-batch (default 2)")
+    p.add_argument("--text-file", metavar="FILE", help="train on windows of this text file (default: "
+                   "synthetic sequences)")
+
+
+def _fail_usage(message: str) -> NoReturn:
+    print(f"recycle profile: error: {message} (see recycle profile --help)", file=sys.stderr)
+    raise SystemExit(EXIT_INPUT)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from executor.data import DataConfig
+    from executor.model import ConfigError, ModelConfig
+    from executor.profile import profile_job
+    from planner.spec import SpecError
+
+    try:
+        for name in ("pipelines", "stages", "microbatches"):
+            if getattr(args, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(args, name)}", name)
+        model = ModelConfig(layers=args.layers, width=args.width, heads=args.heads, vocab=args.vocab,
+                            seq_len=args.seq_len, seed=args.seed)
+        data = DataConfig(batch_size=args.batch_size, text_file=args.text_file)
+        spec = profile_job(
+            model, args.pipelines, args.stages, args.microbatches, data, args.reps, args.device
+        )
+    except (ConfigError, SpecError, RuntimeError) as exc:
+        print(f"recycle profile: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    text = json.dumps(spec, indent=2) + "\n"
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:
+            print(f"recycle profile: error: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+            return EXIT_INPUT
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK

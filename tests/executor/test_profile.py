@@ -1,0 +1,45 @@
+"""`recycle profile` writes a job spec the planner accepts, and refuses bad options in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli.main import main
+from executor.model import ModelConfig
+from executor.profile import profile_job
+from planner.solve import plan
+from planner.spec import JobSpec
+
+
+def test_profiled_spec_is_a_plannable_job():
+    spec = profile_job(ModelConfig(layers=2, width=16, heads=2, vocab=32, seq_len=8), 2, 2, 2, reps=1)
+    job = JobSpec.parse(spec)
+    assert (job.pipelines, job.stages, job.microbatches) == (2, 2, 2)
+    for key in ("forward_ms", "backward_input_ms", "backward_weight_ms", "optimizer_ms", "allreduce_ms",
+                "activation_mb"):
+        assert len(spec[key]) == 2 and all(v > 0 for v in spec[key]), key
+    assert spec["p2p_ms"] > 0
+    assert plan(job, failed=((0, 1),), use_cp=False).iteration_ms > 0
+
+
+def test_profile_cli_writes_the_spec(tmp_path, capsys):
+    out = tmp_path / "job.json"
+    rc = main(["profile", "-D", "1", "-S", "1", "-M", "2", "--layers", "1", "--width", "16", "--vocab", "32",
+               "--seq-len", "8", "--reps", "1", "-o", str(out)])
+    assert rc == 0
+    spec = json.loads(out.read_text())
+    assert spec["allreduce_ms"] == [0.0]  # one pipeline: nothing to all-reduce
+    JobSpec.parse(spec)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--heads", "3"], "heads"), (["--layers", "1", "-S", "2"], "layers"), (["-M", "0"], "microbatches"),
+     (["--batch-size", "0"], "batch_size"), (["--text-file", "/no/such/file"], "text_file")],
+)
+def test_profile_cli_bad_options_name_the_field(capsys, argv, message):
+    assert main(["profile", "--reps", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
