@@ -74,6 +74,3 @@ def failed_workers(timeline: dict[str, Any]) -> list[tuple[int, int]]:
     except (TypeError, ValueError):
         raise ValueError(f"timeline.failed: expected a list of [pipeline, stage], got {failed!r}") from None
 
-
-def fmt_ms(value: Any) -> str:
-    return f"{value:.1f} ms" if isinstance(value, (int, float)) else "?"

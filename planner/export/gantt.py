@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from planner.export._read import KINDS, failed_workers, fmt_ms, grid_size, read_ops
+from planner.export._read import KINDS, failed_workers, grid_size, read_ops
 
 KIND_COLOUR = {
     "F": "#4c72b0",
@@ -25,6 +25,7 @@ REROUTED_EDGE = "#111111"
 FAILED_ROW = "#d9d9d9"
 _DPI = 100
 _MAX_HEIGHT_PX = 6000
+_MIN_HEIGHT_PX = 320
 _LABEL_EVERY_ROW_UP_TO = 96
 
 
@@ -52,7 +53,7 @@ def gantt_png(timeline: dict[str, Any], width_px: int = 1600) -> bytes:
             rows.append((op.pipeline, op.stage))
     n_rows = len(rows)
     row_px = max(2.0, min(18.0, 2400.0 / n_rows))
-    height_px = min(_MAX_HEIGHT_PX, int(n_rows * row_px) + 170)
+    height_px = min(_MAX_HEIGHT_PX, max(_MIN_HEIGHT_PX, int(n_rows * row_px) + 170))
     fig = Figure(figsize=(width_px / _DPI, height_px / _DPI), dpi=_DPI)
     ax = fig.add_subplot()
 
@@ -91,9 +92,10 @@ def gantt_png(timeline: dict[str, Any], width_px: int = 1600) -> bytes:
     ax.set_ylim(n_rows - 0.5, -0.5)  # worker [0, 0] on top
     ax.set_xlabel("time in the iteration (ms)")
     period = timeline.get("iteration_ms")
-    if isinstance(period, (int, float)) and 0 < period <= end_ms * 1.005:
+    marks_period = isinstance(period, (int, float)) and 0 < period <= end_ms * 1.005
+    if marks_period:
         ax.axvline(period, color="#333333", linestyle="--", linewidth=0.8, zorder=4)
-    ax.set_title(_title(timeline, dead), fontsize=10)
+    ax.set_title(_title(timeline, dead, marks_period), fontsize=10)
 
     handles = [Patch(facecolor=KIND_COLOUR[k], label=k) for k in KINDS]
     handles.append(Patch(facecolor="white", edgecolor=REROUTED_EDGE, hatch="////", label="re-routed"))
@@ -123,14 +125,18 @@ def _axes_labels(ax, rows, dead, pipelines: int, stages: int) -> None:
         ax.axhline(p * stages - 0.5, color="#999999", linewidth=0.4, zorder=1)
 
 
-def _title(timeline: dict[str, Any], dead: set) -> str:
+def _title(timeline: dict[str, Any], dead: set, marks_period: bool) -> str:
+    """Periods that the timeline states (a foreign timeline may lack some), then the failures."""
     period = timeline.get("iteration_ms")
-    fault_free = timeline.get("fault_free_iteration_ms")
     bound = timeline.get("lower_bound_ms")
-    parts = [f"iteration {fmt_ms(period)}", f"fault-free {fmt_ms(fault_free)}", f"bound {fmt_ms(bound)}"]
+    parts = [f"{label} {timeline[key]:.1f} ms" for key, label in
+             (("iteration_ms", "iteration"), ("fault_free_iteration_ms", "fault-free"),
+              ("lower_bound_ms", "bound")) if isinstance(timeline.get(key), (int, float))]
     if isinstance(period, (int, float)) and isinstance(bound, (int, float)) and bound > 0:
         parts[-1] += f" (gap {100 * (period / bound - 1):.2f}%)"
     failed = sorted(dead)
     shown = ", ".join(f"[{p}, {s}]" for p, s in failed[:10]) + (" ..." if len(failed) > 10 else "")
     line2 = f"failed: {shown}" if failed else "no failures"
-    return "  |  ".join(parts) + "\n" + line2 + "  (dashed line: steady-state period)"
+    if marks_period:
+        line2 += "  (dashed line: steady-state period)"
+    return "  |  ".join(parts) + "\n" + line2 if parts else line2
