@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -377,6 +378,7 @@ def worker_table(job, report, peaks: dict) -> list[str]:
 
 
 INDEX_FORMAT = "recycle.precompute/v1"
+INDEX_CHECKPOINT_S = 2.0
 
 
 def class_file_name(key: str) -> str:
@@ -414,29 +416,32 @@ def cmd_precompute(args: argparse.Namespace) -> int:
     for failed in classes:
         key = normalize(job, failed).key
         entry = index["classes"].get(key)
-        if entry is None or not (out_dir / entry["file"]).is_file():
+        if entry is not None and (out_dir / entry["file"]).is_file():
+            continue
+        # A class file written after the last index checkpoint is recovered, not planned again.
+        recovered = _entry_from_file(out_dir / class_file_name(key), failed)
+        if recovered is not None:
+            index["classes"][key] = recovered
+        else:
             todo.append((key, failed))
     print(f"{len(classes) - len(todo)} already planned in {out_dir}, {len(todo)} to plan", file=sys.stderr)
-    for key, failed in tqdm(todo, desc="planning", unit="class", file=sys.stderr, disable=None):
-        try:
-            result = plan(job, failed, time_limit_s=time_limit, use_cp=not args.no_cp)
-        except (PlanInvalid, RuntimeError, ValueError) as exc:  # report and go on with the others
-            index["unplannable"][key] = f"{type(exc).__name__}: {exc}"
-            _write_atomic(index_path, json.dumps(index, indent=1))
-            continue
-        name = class_file_name(key)
-        _write_atomic(out_dir / name, timeline_text(result))
-        index["unplannable"].pop(key, None)
-        index["classes"][key] = {
-            "file": name,
-            "failed": [list(w) for w in failed],
-            "iteration_ms": round(result.iteration_ms, 6),
-            "bound_ms": round(result.lower_bound_ms, 6),
-            "gap": round(result.gap, 6),
-            "status": result.stats.status.value,
-        }
-        _write_atomic(index_path, json.dumps(index, indent=1))  # after each class: resumable
-    _write_atomic(index_path, json.dumps(index, indent=1))
+    checkpoint = time.monotonic()
+    try:
+        for key, failed in tqdm(todo, desc="planning", unit="class", file=sys.stderr, disable=None):
+            try:
+                result = plan(job, failed, time_limit_s=time_limit, use_cp=not args.no_cp)
+            except (PlanInvalid, RuntimeError, ValueError) as exc:  # report, go on with the others
+                index["unplannable"][key] = f"{type(exc).__name__}: {exc}"
+                continue
+            name = class_file_name(key)
+            _write_atomic(out_dir / name, timeline_text(result))
+            index["unplannable"].pop(key, None)
+            index["classes"][key] = _index_entry(name, failed, result.summary_json())
+            if time.monotonic() - checkpoint > INDEX_CHECKPOINT_S:  # not per class: O(n^2) writes
+                _write_atomic(index_path, json.dumps(index, indent=1))
+                checkpoint = time.monotonic()
+    finally:  # also on Ctrl-C, so the next run skips what is done
+        _write_atomic(index_path, json.dumps(index, indent=1))
     print(f"wrote {len(index['classes'])} plans and {index_path}", file=sys.stderr)
     if index["unplannable"]:
         print(f"{len(index['unplannable'])} class(es) could not be planned:", file=sys.stderr)
@@ -444,6 +449,29 @@ def cmd_precompute(args: argparse.Namespace) -> int:
             print(f"  {key}: {reason}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
+
+
+def _index_entry(name: str, failed, summary: dict[str, Any]) -> dict[str, Any]:
+    """One class of index.json, from `PlanResult.summary_json()` (a timeline's `solver` field)."""
+    return {
+        "file": name,
+        "failed": [list(w) for w in failed],
+        "iteration_ms": summary["iteration_ms"],
+        "bound_ms": summary["lower_bound_ms"],
+        "gap": summary["gap"],
+        "status": summary["status"],
+    }
+
+
+def _entry_from_file(path: Path, failed) -> dict[str, Any] | None:
+    """The index entry of a class file a previous run wrote, or None if it is absent or unreadable."""
+    try:
+        timeline = json.loads(path.read_text(encoding="utf-8"))
+        if sorted(map(tuple, timeline["failed"])) != sorted(failed):
+            return None
+        return _index_entry(path.name, failed, timeline["solver"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _load_index(path: Path, job) -> dict[str, Any]:

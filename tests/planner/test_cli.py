@@ -119,6 +119,12 @@ def test_precompute_is_resumable(tmp_path):
     assert "4 already planned" in again.stderr and "1 to plan" in again.stderr
     assert (out / entry["file"]).is_file()
 
+    # Plans written after the last index checkpoint (here: all of them) are recovered, not redone.
+    (out / "index.json").unlink()
+    recovered = recycle("precompute", UNIFORM, "--max-failures", "1", "-o", out, "--no-cp")
+    assert "5 already planned" in recovered.stderr and "0 to plan" in recovered.stderr
+    assert json.loads((out / "index.json").read_text())["classes"] == index["classes"]
+
 
 def test_precompute_refuses_another_jobs_directory(job_file, tmp_path):
     out = tmp_path / "plans"
