@@ -97,3 +97,12 @@ def scenario(name: str, **overrides) -> dict:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_loop(coro):
+    """Run the load generator on uvloop when installed (it is the service's loop too, via uvicorn)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -16,7 +16,7 @@ import random
 import time
 
 import httpx
-from api_common import Connection, host_port, percentile, scenario, start_service, stop_service
+from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
 
 
 async def load(url: str, job_id: str, plan_id: str, workers: list, clients: int, seconds: float) -> list:
@@ -60,7 +60,7 @@ def main() -> None:
             size = len(c.get(f"/v1/jobs/{job_id}/plans/{plan['id']}/workers/1/3").content)
             for p, s in workers:  # every stream computed once before the clock starts (steady state)
                 c.get(f"/v1/jobs/{job_id}/plans/{plan['id']}/workers/{p}/{s}").raise_for_status()
-        latencies, errors = asyncio.run(load(url, job_id, plan["id"], workers, args.clients, args.seconds))
+        latencies, errors = run_loop(load(url, job_id, plan["id"], workers, args.clients, args.seconds))
     finally:
         stop_service(proc)
     ms = [v * 1000 for v in latencies]
