@@ -72,28 +72,38 @@ class _Linear(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-class _Affine(torch.autograd.Function):
-    """`x * gamma + beta` over the last dimension: the learnable half of LayerNorm."""
+class _LayerNorm(torch.autograd.Function):
+    """LayerNorm over the last dimension with the fused aten kernels: B asks the backward kernel for
+    the input gradient only, W for the gamma/beta gradients only (same kernel, other output mask)."""
+
+    EPS = 1e-5
 
     @staticmethod
     def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, store: WeightGradStore | None):
-        ctx.save_for_backward(x, gamma, beta)
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, gamma.shape, gamma, beta, _LayerNorm.EPS)
+        ctx.save_for_backward(x, gamma, beta, mean, rstd)
         ctx.store = store
-        return x * gamma + beta
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        x, gamma, beta = ctx.saved_tensors
-        grad_x = grad_out * gamma if ctx.needs_input_grad[0] else None
-        store = ctx.store
+        x, gamma, beta, mean, rstd = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        shape = list(gamma.shape)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.aten.native_layer_norm_backward(
+                grad_out, x, shape, mean, rstd, gamma, beta, [True, False, False]
+            )[0]
 
         def weight_work():
-            dims = tuple(range(grad_out.dim() - 1))
-            gg, gb = (grad_out * x).sum(dims), grad_out.sum(dims)
+            _, gg, gb = torch.ops.aten.native_layer_norm_backward(
+                grad_out, x, shape, mean, rstd, gamma, beta, [False, True, True]
+            )
             _accumulate(gamma, gg)
             _accumulate(beta, gb)
 
-        store.defer(weight_work)
+        ctx.store.defer(weight_work)
         return grad_x, None, None, None
 
 
@@ -132,8 +142,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, store: WeightGradStor
 
 def layer_norm(x: Tensor, gamma: Tensor, beta: Tensor, store: WeightGradStore | None) -> Tensor:
     if store is None:
-        return torch.nn.functional.layer_norm(x, gamma.shape, gamma, beta)
-    return _Affine.apply(torch.nn.functional.layer_norm(x, gamma.shape), gamma, beta, store)
+        return torch.nn.functional.layer_norm(x, gamma.shape, gamma, beta, _LayerNorm.EPS)
+    return _LayerNorm.apply(x, gamma, beta, store)
 
 
 def embedding(tokens: Tensor, table: Tensor, positions: Tensor, store: WeightGradStore | None) -> Tensor:
