@@ -29,7 +29,12 @@ RESTRICTED_MAX_OPS = 15_000
 NUM_WORKERS = 2
 """CP-SAT search workers: the planning service runs on 2-core machines."""
 EXTRACT_RESERVE_S = 0.1
-"""Time kept back from the solver for reading the solution, re-timing and re-validating it."""
+EXTRACT_RESERVE_PER_OP_S = 2e-5
+"""Time kept back from the solver for reading the solution, re-timing, replaying and validating it
+(fixed part plus a part per F/B/W op)."""
+SOLVER_OVERSHOOT = 0.1
+"""Fraction of the solver's share also kept back: on a loaded 2-core box CP-SAT was seen to stop
+up to ~0.5 s (of 2 s) after its wall-time limit."""
 MIN_SOLVE_S = 0.05
 
 
@@ -103,7 +108,8 @@ def improve(
         return _not_run(f"restricted (not built: {exc})", started)
     add_hint(model, warm)
 
-    left = deadline - time.perf_counter() - EXTRACT_RESERVE_S
+    left = deadline - time.perf_counter() - EXTRACT_RESERVE_S - EXTRACT_RESERVE_PER_OP_S * n_ops
+    left *= 1 - SOLVER_OVERSHOOT
     if left < MIN_SOLVE_S:
         return _not_run(f"{label}; no time left to solve", started)
     solver = cp_model.CpSolver()
