@@ -32,6 +32,7 @@ SIZE = {"pipelines": 32, "stages": 16, "microbatches": 64}
 # Eight failed workers in eight different pipelines, spread over the stages.
 FAILED = [(p, (5 * p) % 16) for p in range(0, 32, 4)]
 BAR_S = 3.0
+TIMEOUT_S = 300
 
 
 def job_spec() -> dict:
@@ -49,7 +50,11 @@ def run_once(args: list[str]) -> tuple[float, float]:
     2-core box is shared: under load the wall time grows, the process's own CPU time much less."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"recycle plan took over {TIMEOUT_S} s: {' '.join(args)}") from None
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
