@@ -43,3 +43,14 @@ def test_profile_cli_bad_options_name_the_field(capsys, argv, message):
     assert main(["profile", "--reps", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_registering_the_commands_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, cli.main; cli.main.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False"
