@@ -51,9 +51,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
     # two stages' entries keeps the bound valid under every reading.
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
-    capacity = [
-        int(costs.memory_limit_mb / a + 1e-9) if a > 0 else busiest[s] for s, a in enumerate(costs.activation)
-    ]
+    capacity = [costs.fits(s, busiest[s]) for s in range(S)]
 
     for s in range(S):
         n = busiest[s]

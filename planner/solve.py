@@ -18,14 +18,18 @@ from typing import Any
 from planner.bounds import lower_bound
 from planner.failures import CanonicalFailure, normalize
 from planner.heuristic import Policy, list_schedule
-from planner.routing import balanced_routing
-from planner.simulator import PlanInvalid, replay, validate
+from planner.routing import Routing, balanced_routing
+from planner.simulator import PlanInvalid, ReplayError, replay, validate
 from planner.spec import JobSpec, Worker
+from planner.sweep import SweepPolicy, orders_of, sweep_schedule
 from planner.timeline import TIMELINE_FORMAT, Op, SolverStats, SolveStatus
 
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTIC_GRID_MAX_OPS = 60_000
 """Above this many F/B/W ops only the default policy runs (the 3 s bar at 32 x 16 x 64)."""
+SWEEP_POLICIES = [
+    SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
+]
 
 
 @dataclass
@@ -86,15 +90,42 @@ def heuristic_policies(job: JobSpec) -> list[Policy]:
     ]
 
 
-def best_heuristic(job: JobSpec, failed: tuple[Worker, ...]) -> tuple[list[Op], float, Policy]:
-    """The best list schedule over the policy grid, by replayed period."""
-    best: tuple[list[Op], float, Policy] | None = None
-    for policy in heuristic_policies(job):
-        routing = balanced_routing(job, failed, policy.routing_rotation)
-        ops = list_schedule(job, routing, policy)
-        period = replay(job, ops).iteration_ms
+def best_heuristic(job: JobSpec, failed: tuple[Worker, ...]) -> tuple[list[Op], float, str]:
+    """The best constructive schedule by replayed period: list schedules over the policy grid,
+    Zero-Bubble-style 1F1B sweeps, and the best list schedule with its W's re-placed by a sweep."""
+    best: tuple[list[Op], float, str] | None = None
+
+    def consider(ops: list[Op] | None, name: str) -> None:
+        nonlocal best
+        if ops is None:
+            return
+        try:
+            period = replay(job, ops).iteration_ms
+        except ReplayError:
+            return
         if best is None or period < best[1] - 1e-9:
-            best = (ops, period, policy)
+            best = (ops, period, name)
+
+    routings: dict[int, Routing] = {}
+    best_list: tuple[list[Op], float, Policy] | None = None
+    for policy in heuristic_policies(job):
+        rot = policy.routing_rotation
+        routing = routings.setdefault(rot, balanced_routing(job, failed, rot))
+        consider(list_schedule(job, routing, policy), policy.name)
+        if best is not None and best[2] == policy.name:
+            best_list = (best[0], best[1], policy)
+    if job.op_count > HEURISTIC_GRID_MAX_OPS:
+        assert best is not None
+        return best
+    for policy in SWEEP_POLICIES:
+        consider(sweep_schedule(job, routings[0], policy), policy.name)
+    if best_list is not None:
+        ops, _, policy = best_list
+        orders = orders_of(job, ops)
+        for overrun in (0.0, 0.5, 1.0):
+            sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)
+            consider(sweep_schedule(job, routings[policy.routing_rotation], sweep, orders),
+                     f"{policy.name}+resweep(overrun={overrun:g})")
     assert best is not None
     return best
 
@@ -104,7 +135,7 @@ def _solve_canonical(
 ) -> tuple[list[Op], float, SolverStats, str]:
     started = time.perf_counter()
     bound = lower_bound(job, failed)
-    ops, period, policy = best_heuristic(job, failed)
+    ops, period, policy_name = best_heuristic(job, failed)
     stats = SolverStats(
         status=SolveStatus.OPTIMAL if period <= bound.value_ms + 1e-6 else SolveStatus.HEURISTIC,
         objective_ms=period,
@@ -112,7 +143,7 @@ def _solve_canonical(
         heuristic_ms=period,
         wall_s=0.0,
         time_limit_s=time_limit_s,
-        heuristic_policy=policy.name,
+        heuristic_policy=policy_name,
     )
     reason = bound.reason
     left = time_limit_s - (time.perf_counter() - started)

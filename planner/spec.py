@@ -180,6 +180,11 @@ class StageCosts:
         table = self.cross_p2p if cross_pipeline else self.p2p
         return max(table[lower_stage], table[lower_stage + 1])
 
+    def fits(self, stage: int, cap: int) -> int:
+        """How many stage-`stage` micro-batches a worker can hold at once (at most `cap`)."""
+        act = self.activation[stage]
+        return cap if act <= 0 else min(cap, int(self.memory_limit_mb / act + 1e-9))
+
     def duration(self, kind: str, stage: int) -> float:
         return {
             "F": self.forward,

@@ -1,0 +1,177 @@
+"""Zero-Bubble-style constructive schedule: fixed 1F1B F/B orders, W's placed with exact gap knowledge.
+
+An event-driven list scheduler decides whether to start a W before it knows when the next input
+arrives, and a W started just before a gradient lands delays that gradient's whole chain back to
+stage 0. Zero Bubble's own heuristic avoids that by fixing each stage's F/B order first (warm-up
+forwards, then one B and one F in turn, micro-batches in index order) and computing times in a
+dependency sweep: when an op is placed, its input's arrival is already known, so the W's that fit in
+the gap before it are inserted exactly, and a W is forced in only to free memory. This module is that
+idea generalised to D pipelines with re-routed micro-batches: a worker's micro-batches (its own and
+those re-routed to it) are ordered by (index, home pipeline), the warm-up depth is a knob, and a
+sweep that cannot complete (inconsistent orders) is reported as None so callers fall back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from planner.heuristic import collectives
+from planner.routing import Routing
+from planner.spec import JobSpec
+from planner.timeline import Op
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPolicy:
+    warmup_slack: int = 0
+    """A stage-s worker runs `S - s + warmup_slack` forwards (memory permitting) before its first B."""
+    w_overrun: float = 0.0
+    """A W may also start when it overruns the next input's arrival by at most this fraction of
+    W's duration (0: only W's that fit entirely in the gap)."""
+    routing_rotation: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"sweep(warmup=S-s+{self.warmup_slack},overrun={self.w_overrun:g},rot={self.routing_rotation})"
+
+
+def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> dict[int, list[tuple[str, int]]]:
+    """Each alive worker's F/B sequence: warm-up forwards, then B and F in turn, then the last B's."""
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    costs = job.costs
+    mbs: dict[int, list[tuple[int, int]]] = {}
+    for home in range(D):
+        for m in range(M):
+            for s in range(S):
+                q = routing.executor(home, m, s)
+                mbs.setdefault(q * S + s, []).append((m, home))
+    orders = {}
+    for wi, items in mbs.items():
+        s = wi % S
+        items.sort()
+        ids = [home * M + m for m, home in items]
+        warmup = max(1, min(costs.fits(s, len(ids)), S - s + policy.warmup_slack))
+        seq: list[tuple[str, int]] = [("F", mb) for mb in ids[:warmup]]
+        for j, mb in enumerate(ids):
+            seq.append(("B", mb))
+            if warmup + j < len(ids):
+                seq.append(("F", ids[warmup + j]))
+        orders[wi] = seq
+    return orders
+
+
+def orders_of(job: JobSpec, ops: list[Op]) -> dict[int, list[tuple[str, int]]]:
+    """The F/B sequence of each worker in an existing schedule (to re-place its W's exactly)."""
+    S, M = job.stages, job.microbatches
+    orders: dict[int, list[tuple[float, str, int]]] = {}
+    for op in ops:
+        if op.kind in ("F", "B"):
+            wi = op.worker[0] * S + op.worker[1]
+            orders.setdefault(wi, []).append((op.start_ms, op.kind, op.microbatch[0] * M + op.microbatch[1]))
+    return {wi: [(k, mb) for _, k, mb in sorted(seq)] for wi, seq in orders.items()}
+
+
+def sweep_schedule(
+    job: JobSpec,
+    routing: Routing,
+    policy: SweepPolicy = SweepPolicy(),
+    orders: dict[int, list[tuple[str, int]]] | None = None,
+) -> list[Op] | None:
+    """A valid schedule, or None when the fixed orders deadlock (a cycle across workers).
+
+    `orders` (from `orders_of`) replaces the 1F1B orders, e.g. to keep a list schedule's F/B
+    sequence and only re-place its W's with exact gap knowledge.
+    """
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
+    limit = costs.memory_limit_mb + 1e-9
+    dead = set(routing.failed)
+    orders = orders if orders is not None else _worker_orders(job, routing, policy)
+    pos = dict.fromkeys(orders, 0)
+    end_at: dict[tuple[str, int, int], float] = {}  # (kind, mb, stage) -> end time
+    where: dict[tuple[int, int], int] = {}  # (mb, stage) -> worker index
+    for wi, seq in orders.items():
+        for _, mb in seq:
+            where[(mb, wi % S)] = wi
+    free = dict.fromkeys(orders, 0.0)
+    mem = dict.fromkeys(orders, 0.0)
+    pending_w: dict[int, deque] = {wi: deque() for wi in orders}
+    ops: list[Op] = []
+    overrun = policy.w_overrun
+
+    def arrival(kind: str, mb: int, wi: int) -> float | None:
+        """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
+        s = wi % S
+        if kind == "F":
+            if s == 0:
+                return 0.0
+            src = end_at.get(("F", mb, s - 1))
+            if src is None:
+                return None
+            return src + costs.hop_ms(s - 1, where[(mb, s - 1)] // S != wi // S)
+        if s == S - 1:
+            return end_at.get(("F", mb, s))
+        src = end_at.get(("B", mb, s + 1))
+        if src is None:
+            return None
+        return src + costs.hop_ms(s, where[(mb, s + 1)] // S != wi // S)
+
+    def run_w(wi: int) -> None:
+        mb = pending_w[wi].popleft()
+        s = wi % S
+        start = free[wi]
+        free[wi] = start + wgt[s]
+        mem[wi] -= act[s]
+        ops.append(Op((wi // S, s), "W", divmod(mb, M), start, free[wi]))
+
+    ready = deque(orders)
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    placed = 0
+    total = sum(len(seq) for seq in orders.values())
+    while ready:
+        wi = ready.popleft()
+        seq = orders[wi]
+        while pos[wi] < len(seq):
+            kind, mb = seq[pos[wi]]
+            s = wi % S
+            at = arrival(kind, mb, wi)
+            if at is None:
+                dep = ("F", mb, s - 1) if kind == "F" else ("F", mb, s) if s == S - 1 else ("B", mb, s + 1)
+                waiting.setdefault(dep, []).append(wi)
+                break
+            if kind == "F":
+                while mem[wi] + act[s] > limit:
+                    if not pending_w[wi]:
+                        return None  # the warm-up does not fit in memory
+                    run_w(wi)
+            # Fill the gap before this op's input with W's that fit (or overrun by the allowance).
+            while pending_w[wi] and free[wi] + wgt[s] <= at + overrun * wgt[s] + _EPS:
+                run_w(wi)
+            start = max(free[wi], at)
+            dur = fwd[s] if kind == "F" else bwd[s]
+            free[wi] = start + dur
+            if kind == "F":
+                mem[wi] += act[s]
+            else:
+                pending_w[wi].append(mb)
+            end_at[(kind, mb, s)] = free[wi]
+            ops.append(Op((wi // S, s), kind, divmod(mb, M), start, free[wi]))
+            placed += 1
+            pos[wi] += 1
+            for other in waiting.pop((kind, mb, s), ()):
+                ready.append(other)
+    if placed != total:
+        return None
+    stage_done = [0.0] * S
+    for wi in orders:
+        while pending_w[wi]:
+            run_w(wi)
+        stage_done[wi % S] = max(stage_done[wi % S], free[wi])
+    for s in range(S):
+        if any((p, s) not in dead for p in range(D)):
+            ops.extend(collectives(job, s, dead, stage_done[s]))
+    return ops
