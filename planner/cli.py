@@ -325,9 +325,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.append("valid: all six rules hold")
     try:
         report = replay(job, ops, iterations=args.iterations)
-    except (ReplayError, KeyError, ValueError) as exc:
-        # An invalid plan may lack the ops a replay needs (coverage) or deadlock (order).
-        detail = f"missing op {exc}" if isinstance(exc, KeyError) else str(exc)
+    except Exception as exc:
+        # An invalid plan may lack the ops a replay needs, name stages the job lacks, or deadlock;
+        # that is part of the report. A valid plan that cannot be replayed is a planner bug: raise.
+        if not violations and not isinstance(exc, ReplayError):
+            raise
+        detail = f"missing op {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
         out.append(f"period: cannot replay this plan ({detail})")
         print("\n".join(out))
         return EXIT_INVALID

@@ -89,6 +89,17 @@ def test_simulate_an_incomplete_plan_without_traceback(plan_file, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_simulate_a_plan_for_another_job_without_traceback(plan_file, tmp_path):
+    timeline = json.loads(plan_file.read_text())
+    timeline["job"]["stages"] = 2  # the ops still name stage 2
+    bad = tmp_path / "other_job.json"
+    bad.write_text(json.dumps(timeline))
+    done = recycle("simulate", bad)
+    assert done.returncode == 1
+    assert "rule 1: op on unknown worker [0, 2]" in done.stdout and "cannot replay" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
 def test_plan_formats(job_file, tmp_path):
     chrome = recycle("plan", job_file, "--fail", "0:2", "--no-cp", "--format", "chrome")
     assert chrome.returncode == 0 and json.loads(chrome.stdout)["traceEvents"]
