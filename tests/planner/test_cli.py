@@ -78,25 +78,26 @@ def test_simulate_reports_each_violation(plan_file, tmp_path):
     assert "INVALID" in done.stdout and "rule 2: W on" in done.stdout
 
 
-def test_simulate_an_incomplete_plan_without_traceback(plan_file, tmp_path):
-    timeline = json.loads(plan_file.read_text())
+def drop_first_forward(timeline):
     timeline["ops"] = [o for o in timeline["ops"] if o["kind"] != "F" or o["microbatch"] != [0, 0]]
-    bad = tmp_path / "incomplete.json"
-    bad.write_text(json.dumps(timeline))
-    done = recycle("simulate", bad)
-    assert done.returncode == 1
-    assert "lacks ['F']" in done.stdout and "cannot replay" in done.stdout
-    assert "Traceback" not in done.stderr
 
 
-def test_simulate_a_plan_for_another_job_without_traceback(plan_file, tmp_path):
-    timeline = json.loads(plan_file.read_text())
+def shrink_job(timeline):
     timeline["job"]["stages"] = 2  # the ops still name stage 2
-    bad = tmp_path / "other_job.json"
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "violation"),
+    [(drop_first_forward, "lacks ['F']"), (shrink_job, "rule 1: op on unknown worker [0, 2]")],
+)
+def test_simulate_an_unreplayable_plan_without_traceback(plan_file, tmp_path, corrupt, violation):
+    timeline = json.loads(plan_file.read_text())
+    corrupt(timeline)
+    bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(timeline))
     done = recycle("simulate", bad)
     assert done.returncode == 1
-    assert "rule 1: op on unknown worker [0, 2]" in done.stdout and "cannot replay" in done.stdout
+    assert violation in done.stdout and "cannot replay" in done.stdout
     assert "Traceback" not in done.stderr
 
 
