@@ -191,6 +191,19 @@ class Worker:
         }
 
 
+def _finish_together(store, spec: WorkerSpec, timeouts: Timeouts) -> None:
+    """Exit barrier over the store. A completed gloo send only means the bytes left this process;
+    a worker that exited right after could close the connection before its peer has read them, and
+    the peer's receive would fail. So nobody exits before every worker of the generation is done."""
+    key = f"gen{spec.generation}/finished"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeouts.operation_s
+    while store.add(key, 0) < len(spec.alive):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"peers did not finish within {timeouts.operation_s:.0f} s of this worker")
+        time.sleep(0.01)
+
+
 def worker_main(spec_json: str, result_path: str) -> None:
     """Process entry point: train `spec.iterations` iterations, write results (or the error) to
     `result_path` with torch.save. Never hangs: every wait is bounded by the operation timeout."""
@@ -205,6 +218,7 @@ def worker_main(spec_json: str, result_path: str) -> None:
         started = time.time()
         for it in range(spec.iterations):
             worker.run_iteration(it)
+        _finish_together(store, spec, timeouts)
         out = {**worker.results(), "started_s": started, "error": None}
     except Exception as exc:  # reported to the launcher, which names the worker
         out = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
