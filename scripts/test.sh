@@ -9,7 +9,8 @@ PGDIR=$(mktemp -d /tmp/recycle-pg.XXXXXX)
 cleanup() { pg_ctl -D "$PGDIR/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$PGDIR"; }
 trap cleanup EXIT
 if command -v initdb >/dev/null 2>&1 || [ -d /usr/lib/postgresql ]; then
-  PGBIN=$(dirname "$(command -v initdb 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/initdb | tail -1)")
+  # Resolve symlinks: initdb may be linked into /usr/local/bin while its siblings are not.
+  PGBIN=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/initdb | tail -1)")")
   PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   RUNAS=()
   if [ "$(id -u)" = 0 ]; then
