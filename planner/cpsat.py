@@ -91,7 +91,7 @@ def improve(
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS
+    full = n_ops <= FULL_MAX_OPS or not failed  # without failures the routing is fixed anyway
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)
