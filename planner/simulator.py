@@ -67,6 +67,8 @@ def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[
                 f"rule 2: {op.kind} on {list(op.worker)} lasts {op.end_ms - op.start_ms:.6f} ms, "
                 f"expected {expected}"
             )
+        if op.kind not in COMPUTE_KINDS and op.microbatch is not None:
+            problems.append(f"contract: {op.kind} on {list(op.worker)} carries a microbatch")
         if op.kind in COMPUTE_KINDS:
             if op.microbatch is None:
                 problems.append(f"rule 1: {op.kind} on {list(op.worker)} has no microbatch")
@@ -255,72 +257,102 @@ class ReplayError(ValueError):
     """The op orders deadlock (a cycle through worker order and data dependencies)."""
 
 
+_KIND_CODE = {"F": 0, "B": 1, "W": 2, "ALLREDUCE": 3, "OPTIMIZER": 4}
+
+
 def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
+    """Nodes are the ops (per worker, in order) plus one sync node per stage; edges carry delays.
+
+    Built with array operations: a 100k-op plan has ~400k edges, too many for per-edge Python.
+    """
     costs = job.costs
+    S, DM = job.stages, job.pipelines * job.microbatches
     orders = worker_orders(ops)
     workers = sorted(orders)
-    slot = {w: i for i, w in enumerate(workers)}
     flat: list[Op] = [op for w in workers for op in orders[w]]
     n = len(flat)
-    # A virtual sync node per stage stands for "every W of stage s has ended and every peer is ready".
-    stages_with_ar = sorted({op.worker[1] for op in flat if op.kind == "ALLREDUCE"})
-    sync_id = {s: n + i for i, s in enumerate(stages_with_ar)}
-    total = n + len(sync_id)
-    index = {}
-    for i, op in enumerate(flat):
-        if op.kind in COMPUTE_KINDS:
-            index[(op.kind, op.microbatch, op.worker[1])] = i
-    src: list[int] = []
-    dst: list[int] = []
-    delay: list[float] = []
+    M = job.microbatches
+    # One pass over the ops (attribute access dominates at 100k ops), then columns.
+    table_rows = np.array(
+        [(_KIND_CODE[op.kind], op.worker[0], op.worker[1],
+          -1 if op.microbatch is None else op.microbatch[0] * M + op.microbatch[1])
+         for op in flat], dtype=np.int64).reshape(n, 4)
+    kind, pipe, stage, mb = (table_rows[:, c] for c in range(4))
+    duration_ops = np.array([op.end_ms - op.start_ms for op in flat], dtype=np.float64)
+    slot = np.repeat(np.arange(len(workers)), [len(orders[w]) for w in workers])
 
-    def edge(u: int, v: int, d: float = 0.0) -> None:
-        src.append(u)
-        dst.append(v)
-        delay.append(d)
+    is_ar = kind == 3
+    ar_stages = np.unique(stage[is_ar])
+    sync_of_stage = np.full(S, -1, dtype=np.int64)
+    sync_of_stage[ar_stages] = n + np.arange(ar_stages.size)
+    total = n + ar_stages.size
 
-    first = np.full(total, -1, dtype=np.int64)
-    last = np.zeros(len(workers), dtype=np.int64)
-    pos = 0
-    for w in workers:
-        seq = orders[w]
-        first[pos] = slot[w]
-        for k in range(1, len(seq)):
-            if seq[k].kind != "ALLREDUCE":
-                edge(pos + k - 1, pos + k)
-        for k, op in enumerate(seq):
-            if op.kind == "ALLREDUCE":
-                if k > 0:
-                    edge(pos + k - 1, sync_id[w[1]])
-                edge(sync_id[w[1]], pos + k)
-        pos += len(seq)
-        last[slot[w]] = pos - 1
-    last_stage = job.stages - 1
-    for i, op in enumerate(flat):
-        s = op.worker[1]
-        if op.kind == "F" and s > 0:
-            u = index[("F", op.microbatch, s - 1)]
-            edge(u, i, costs.hop_ms(s - 1, flat[u].worker[0] != op.worker[0]))
-        elif op.kind == "B":
-            if s == last_stage:
-                edge(index[("F", op.microbatch, s)], i)
-            else:
-                u = index[("B", op.microbatch, s + 1)]
-                edge(u, i, costs.hop_ms(s, flat[u].worker[0] != op.worker[0]))
-        elif op.kind == "W":
-            edge(index[("B", op.microbatch, s)], i)
-            if s in sync_id:
-                edge(i, sync_id[s])
+    compute = kind <= 2
+    table = np.full(3 * DM * S, -1, dtype=np.int64)
+    table[(kind[compute] * DM + mb[compute]) * S + stage[compute]] = np.flatnonzero(compute)
+
+    def lookup(k: int, sel: np.ndarray, at_stage: np.ndarray) -> np.ndarray:
+        found = table[(k * DM + mb[sel]) * S + at_stage]
+        if (found < 0).any():
+            raise ReplayError("plan is missing an F/B op that another op depends on")
+        return found
+
+    srcs, dsts, delays = [], [], []
+    # Worker order: each op after the previous one on its worker; an ALLREDUCE after its stage's sync.
+    same = np.flatnonzero(slot[1:] == slot[:-1]) + 1
+    plain = same[~is_ar[same]]
+    srcs += [plain - 1]
+    dsts += [plain]
+    delays += [np.zeros(plain.size)]
+    into_sync = same[is_ar[same]]
+    srcs += [into_sync - 1]
+    dsts += [sync_of_stage[stage[into_sync]]]
+    delays += [np.zeros(into_sync.size)]
+    ar = np.flatnonzero(is_ar)
+    srcs += [sync_of_stage[stage[ar]]]
+    dsts += [ar]
+    delays += [np.zeros(ar.size)]
+    hop_same = np.array([costs.hop_ms(t, False) for t in range(S - 1)] + [0.0])
+    hop_cross = np.array([costs.hop_ms(t, True) for t in range(S - 1)] + [0.0])
+    # Data: F(s-1) -> F(s), B(s+1) -> B(s), last-stage F -> B, B -> W, W -> stage sync.
+    f_next = np.flatnonzero((kind == 0) & (stage > 0))
+    u = lookup(0, f_next, stage[f_next] - 1)
+    hop_stage = stage[f_next] - 1
+    srcs += [u]
+    dsts += [f_next]
+    delays += [np.where(pipe[u] != pipe[f_next], hop_cross[hop_stage], hop_same[hop_stage])]
+    b_last = np.flatnonzero((kind == 1) & (stage == S - 1))
+    srcs += [lookup(0, b_last, stage[b_last])]
+    dsts += [b_last]
+    delays += [np.zeros(b_last.size)]
+    b_mid = np.flatnonzero((kind == 1) & (stage < S - 1))
+    u = lookup(1, b_mid, stage[b_mid] + 1)
+    srcs += [u]
+    dsts += [b_mid]
+    delays += [np.where(pipe[u] != pipe[b_mid], hop_cross[stage[b_mid]], hop_same[stage[b_mid]])]
+    w_ops = np.flatnonzero(kind == 2)
+    srcs += [lookup(1, w_ops, stage[w_ops])]
+    dsts += [w_ops]
+    delays += [np.zeros(w_ops.size)]
+    w_sync = w_ops[sync_of_stage[stage[w_ops]] >= 0]
+    srcs += [w_sync]
+    dsts += [sync_of_stage[stage[w_sync]]]
+    delays += [np.zeros(w_sync.size)]
+
+    src_a = np.concatenate(srcs).astype(np.int64)
+    dst_a = np.concatenate(dsts).astype(np.int64)
+    delay_a = np.concatenate(delays).astype(np.float64)
     duration = np.zeros(total)
-    duration[:n] = [op.end_ms - op.start_ms for op in flat]
-    src_a = np.asarray(src, dtype=np.int64)
-    dst_a = np.asarray(dst, dtype=np.int64)
-    delay_a = np.asarray(delay, dtype=np.float64)
+    duration[:n] = duration_ops
+    first = np.full(total, -1, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]]) if n else np.zeros(0, np.int64)
+    first[starts] = slot[starts]
+    last = np.r_[starts[1:] - 1, n - 1] if n else np.zeros(0, np.int64)
     level = _levels(total, src_a, dst_a)
     graph = _Graph(
         ops=flat,
         duration=duration,
-        worker_index=np.asarray([slot[op.worker] for op in flat] + [-1] * len(sync_id)),
+        worker_index=np.r_[slot, np.full(ar_stages.size, -1)],
         first_of_worker=first,
         last_of_worker=last,
         workers=workers,
@@ -338,7 +370,11 @@ def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
 
 
 def _levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Longest-path depth of each node (Kahn's algorithm); raises on a cycle."""
+    """Longest-path depth of each node (Kahn's algorithm, one frontier per round); raises on a cycle.
+
+    A node leaves the frontier in round r exactly when its deepest predecessor is at depth r - 1,
+    so the round number is the level.
+    """
     indeg = np.bincount(dst, minlength=total)
     order = np.argsort(src, kind="stable")
     starts = np.searchsorted(src[order], np.arange(total + 1))
@@ -346,18 +382,19 @@ def _levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     level = np.zeros(total, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     seen = 0
-    indeg = indeg.copy()
+    depth = 0
     while frontier.size:
         seen += frontier.size
-        nxt = []
-        for u in frontier.tolist():
-            for v in succ[starts[u] : starts[u + 1]].tolist():
-                if level[v] < level[u] + 1:
-                    level[v] = level[u] + 1
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    nxt.append(v)
-        frontier = np.asarray(nxt, dtype=np.int64)
+        level[frontier] = depth
+        counts = starts[frontier + 1] - starts[frontier]
+        if counts.sum() == 0:
+            break
+        offsets = np.repeat(starts[frontier] - np.cumsum(counts) + counts, counts)
+        reached = succ[offsets + np.arange(counts.sum())]
+        indeg -= np.bincount(reached, minlength=total)
+        candidates = np.unique(reached)
+        frontier = candidates[indeg[candidates] == 0]
+        depth += 1
     if seen != total:
         raise ReplayError("op orders deadlock: a worker waits on an op ordered after its own")
     return level

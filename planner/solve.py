@@ -90,42 +90,52 @@ def heuristic_policies(job: JobSpec) -> list[Policy]:
     ]
 
 
-def best_heuristic(job: JobSpec, failed: tuple[Worker, ...]) -> tuple[list[Op], float, str]:
-    """The best constructive schedule by replayed period: list schedules over the policy grid,
-    Zero-Bubble-style 1F1B sweeps, and the best list schedule with its W's re-placed by a sweep."""
+def best_heuristic(
+    job: JobSpec, failed: tuple[Worker, ...], bound_ms: float = 0.0
+) -> tuple[list[Op], float, str]:
+    """The best constructive schedule by replayed period: Zero-Bubble-style 1F1B sweeps, list
+    schedules over the policy grid, and the best list schedule with its W's re-placed by a sweep.
+    Stops early once a schedule reaches the proven bound `bound_ms` (nothing can beat it)."""
     best: tuple[list[Op], float, str] | None = None
 
-    def consider(ops: list[Op] | None, name: str) -> None:
+    def consider(ops: list[Op] | None, name: str) -> bool:
+        """Keep the schedule if it is the best so far; True once the bound is reached."""
         nonlocal best
-        if ops is None:
-            return
-        try:
-            period = replay(job, ops).iteration_ms
-        except ReplayError:
-            return
-        if best is None or period < best[1] - 1e-9:
-            best = (ops, period, name)
+        if ops is not None:
+            try:
+                period = replay(job, ops).iteration_ms
+            except ReplayError:
+                period = None
+            if period is not None and (best is None or period < best[1] - 1e-9):
+                best = (ops, period, name)
+        return best is not None and best[1] <= bound_ms + 1e-6
 
+    big = job.op_count > HEURISTIC_GRID_MAX_OPS
     routings: dict[int, Routing] = {}
-    best_list: tuple[list[Op], float, Policy] | None = None
+
+    def routing(rot: int) -> Routing:
+        return routings.setdefault(rot, balanced_routing(job, failed, rot))
+
+    if not big:
+        for policy in SWEEP_POLICIES:
+            if consider(sweep_schedule(job, routing(0), policy), policy.name):
+                return best
+    best_list: tuple[float, Policy, list[Op]] | None = None
     for policy in heuristic_policies(job):
-        rot = policy.routing_rotation
-        routing = routings.setdefault(rot, balanced_routing(job, failed, rot))
-        consider(list_schedule(job, routing, policy), policy.name)
+        ops = list_schedule(job, routing(policy.routing_rotation), policy)
+        done = consider(ops, policy.name)
         if best is not None and best[2] == policy.name:
-            best_list = (best[0], best[1], policy)
-    if job.op_count > HEURISTIC_GRID_MAX_OPS:
-        assert best is not None
-        return best
-    for policy in SWEEP_POLICIES:
-        consider(sweep_schedule(job, routings[0], policy), policy.name)
-    if best_list is not None:
-        ops, _, policy = best_list
+            best_list = (best[1], policy, ops)
+        if done:
+            return best
+    if not big and best_list is not None:
+        _, policy, ops = best_list
         orders = orders_of(job, ops)
         for overrun in (0.0, 0.5, 1.0):
             sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)
-            consider(sweep_schedule(job, routings[policy.routing_rotation], sweep, orders),
-                     f"{policy.name}+resweep(overrun={overrun:g})")
+            name = f"{policy.name}+resweep(overrun={overrun:g})"
+            if consider(sweep_schedule(job, routing(policy.routing_rotation), sweep, orders), name):
+                break
     assert best is not None
     return best
 
@@ -135,7 +145,7 @@ def _solve_canonical(
 ) -> tuple[list[Op], float, SolverStats, str]:
     started = time.perf_counter()
     bound = lower_bound(job, failed)
-    ops, period, policy_name = best_heuristic(job, failed)
+    ops, period, policy_name = best_heuristic(job, failed, bound.value_ms)
     stats = SolverStats(
         status=SolveStatus.OPTIMAL if period <= bound.value_ms + 1e-6 else SolveStatus.HEURISTIC,
         objective_ms=period,
