@@ -42,6 +42,10 @@ class Policy:
     """A stage-s worker may run at most `S - s + ahead_slack` forwards ahead of its input
     gradients (1F1B's warm-up depth plus slack; ZB-H1 uses 0). None: only memory bounds it. W's
     are not counted here, so deferred W's use whatever memory is left (as in ZB-H1)."""
+    feed_bottleneck: bool = False
+    """Workers at or above the deepest stage that took re-routed work may run ahead by the number of
+    extra micro-batches the busiest peer took (on top of `S - s + slack`), so the overloaded peers
+    never wait for forwards."""
     routing_rotation: int = 0
     """Which alive peer receives the first re-routed micro-batch (see `balanced_routing`)."""
 
@@ -50,6 +54,7 @@ class Policy:
         cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
         gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
         f = (",F=yield" if self.f_yields else "") + (",W>F" if self.w_yields_to_f else "")
+        f += ",feed" if self.feed_bottleneck else ""
         return f"W={gaps}{f},cap={cap},rot={self.routing_rotation}"
 
 
@@ -65,6 +70,12 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     limit = costs.memory_limit_mb + 1e-9
     slack = policy.ahead_slack
     caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
+    if policy.feed_bottleneck and routing.failed and slack is not None:
+        # Stages down to the deepest overloaded one may run ahead by the extra micro-batches the
+        # busiest peer took, so those peers never wait for forwards.
+        deepest = max(s for _, s in routing.failed)
+        extra = max(max(routing.load[p][s] for p in range(D)) for s in range(S)) - M
+        caps = [caps[s] + extra if s <= deepest else caps[s] for s in range(S)]
 
     # Uncongested time from the end of a micro-batch's F at stage s to its gradient arriving back.
     round_trip = [
