@@ -14,12 +14,62 @@ matched to the wrong receive, whatever order the plan sends them in.
 from __future__ import annotations
 
 import datetime
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 Worker = tuple[int, int]
+T = TypeVar("T")
+
+POLL_S = 0.05
+"""How often a blocked worker looks at the generation event (well below the 2 s detection bar)."""
+
+
+class Interrupted(Exception):
+    """A newer membership generation is settled: drop in-flight work and move to it."""
+
+
+class PeerLost(RuntimeError):
+    """A send, receive or all-reduce failed (a broken connection): `peer` is the worker on the other
+    end when the operation had one (P2P), None for a collective."""
+
+    def __init__(self, message: str, peer: Worker | None):
+        super().__init__(message)
+        self.peer = peer
+
+
+def interruptible(fn: Callable[[], T], interrupt: threading.Event | None, what: str) -> T:
+    """Run a blocking call, but give up as soon as `interrupt` is set.
+
+    gloo offers no way to cancel a posted receive (`abort()` does not wake it, and a `wait` with a
+    timeout poisons every pair of the group), so the blocking call runs on a helper thread and the
+    caller polls the event. An abandoned call stays blocked until its peer's connection closes or
+    the group's own timeout: the group is never reused, and workers leave with `os._exit`.
+    """
+    if interrupt is None:
+        return fn()
+    done = threading.Event()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"wait:{what}", daemon=True).start()
+    while not done.wait(POLL_S):
+        if interrupt.is_set():
+            raise Interrupted(what)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
 
 TENSOR_KINDS = ("activation", "gradient")
 TAG_ITERATION_WINDOW = 64
@@ -87,11 +137,12 @@ class GenerationGroups:
 
     def __init__(
         self, store: dist.Store, generation: int, alive: list[Worker], worker: Worker,
-        timeouts: Timeouts, device: str,
+        timeouts: Timeouts, device: str, interrupt: threading.Event | None = None,
     ):
         if worker not in alive:
             raise ValueError(f"worker {list(worker)} is not in generation {generation}'s alive set")
         self.generation = generation
+        self.interrupt = interrupt
         self.alive = sorted(alive)
         self.rank_of = {w: i for i, w in enumerate(self.alive)}
         prefix = dist.PrefixStore(f"gen{generation}", store)
@@ -118,10 +169,25 @@ class GenerationGroups:
         assert self.p2p is not None
         return self.p2p.recv([tensor], self.rank_of[peer], tag)
 
-    def wait(self, work: dist.Work) -> None:
-        """Every wait is bounded by the operation timeout (raises instead of hanging)."""
-        work.wait(self.operation_timeout)
+    def wait(self, work: dist.Work, peer: Worker | None = None, what: str = "operation") -> None:
+        """Every wait is bounded by the operation timeout (raises instead of hanging), and with an
+        `interrupt` event it ends within `POLL_S` of a newer generation. A failed operation is a
+        `PeerLost` naming the peer when there is one."""
+        try:
+            interruptible(lambda: work.wait(self.operation_timeout), self.interrupt, what)
+        except (Interrupted, PeerLost):
+            raise
+        except RuntimeError as exc:
+            who = f" with {list(peer)}" if peer is not None else ""
+            raise PeerLost(f"{what}{who} failed in generation {self.generation}: {exc}", peer) from exc
 
     def allreduce_sum(self, flat: torch.Tensor) -> None:
         if self.stage is not None:
-            self.wait(self.stage.allreduce([flat]))
+            self.wait(self.stage.allreduce([flat]), what=f"stage {self.stage_members[0][1]} all-reduce")
+
+    def broadcast(self, flat: torch.Tensor, root: Worker) -> None:
+        """Copy `flat` from `root` to every member of this worker's stage group."""
+        if self.stage is not None:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = self.stage_members.index(root)
+            self.wait(self.stage.broadcast([flat], opts), what="stage state broadcast")

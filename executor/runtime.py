@@ -22,6 +22,7 @@ import os
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,28 +73,107 @@ class WorkerSpec:
         return cls(**raw)
 
 
-class Worker:
-    """One [pipeline, stage] worker with its model replica, optimizer and groups."""
+PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W", "allreduce": "ALLREDUCE",
+          "optimizer": "OPTIMIZER"}
+"""Fault-injection phase names and the instruction each one pauses before (its middle occurrence)."""
 
-    def __init__(self, spec: WorkerSpec, groups: GenerationGroups):
+SNAPSHOTS_KEPT = 2
+"""Pre-step states kept for rollback: a worker is at most one iteration ahead of the slowest peer
+when a generation changes, so rolling back needs the last one or two."""
+
+
+class Worker:
+    """One [pipeline, stage] worker: its model replica and optimizer, plus the groups and stream
+    of the membership generation it currently runs (`attach`)."""
+
+    def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.p, self.s = spec.worker
-        self.groups = groups
-        self.stream = InstructionStream.model_validate(spec.stream)
-        if tuple(self.stream.worker) != spec.worker:
-            raise ValueError(f"stream is for worker {list(self.stream.worker)}, not {list(spec.worker)}")
         self.model_cfg = ModelConfig(**spec.model)
         self.data_cfg = DataConfig(**spec.data)
         self.device = torch_device(spec.device, self.p * spec.stages + self.s)
         self.module = StageModule(self.model_cfg, spec.stages, self.s).to(self.device)
         self.runner = StageRunner(self.module, 1.0 / (spec.pipelines * spec.microbatches))
         self.optimizer = make_optimizer(self.module, OptimConfig(**spec.optim))
+        self._init_optimizer_state()
         self.source = MicrobatchSource(self.model_cfg, self.data_cfg)
         self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
-        self.losses: list[float] = []
-        self.iteration_end_s: list[float] = []
+        self.completed = 0
+        """Optimizer steps taken: the replica holds the state after iterations 0..completed-1."""
+        self.losses: dict[int, float] = {}
+        self.records: dict[int, dict[str, float]] = {}
+        """Per finished iteration: wall-clock end, generation and the plan's predicted ms."""
         self.op_seconds: dict[str, float] = {}
+        self.keep_snapshots = False
+        self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self.phase_hook: Callable[[int, str], None] | None = None
+        self.groups: GenerationGroups | None = None
+        self.stream: InstructionStream | None = None
+        self.predicted_ms = 0.0
+        self._pauses: dict[int, str] = {}
 
+    def attach(self, groups: GenerationGroups, stream: InstructionStream, predicted_ms: float = 0.0) -> None:
+        if tuple(stream.worker) != self.spec.worker:
+            raise ValueError(f"stream is for worker {list(stream.worker)}, not {list(self.spec.worker)}")
+        self.groups, self.stream, self.predicted_ms = groups, stream, predicted_ms
+        self._pauses = {}
+        for phase, op in PHASES.items():
+            where = [i for i, ins in enumerate(stream.instructions) if ins.op == op]
+            if where:
+                self._pauses[where[len(where) // 2]] = phase
+
+    # ------------------------------------------------------------------------- optimizer state
+    def _init_optimizer_state(self) -> None:
+        """Create AdamW's state eagerly (the same values its lazy init makes) so every replica, even
+        one that never stepped, has the same state layout to snapshot, restore and broadcast."""
+        for p in self.module.parameters():
+            self.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                       "exp_avg_sq": torch.zeros_like(p)}
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for p in self.module.parameters():
+            st = self.optimizer.state[p]
+            out += [p.data, st["step"], st["exp_avg"], st["exp_avg_sq"]]
+        return out
+
+    def flat_state(self) -> torch.Tensor:
+        return torch.cat([t.reshape(-1).to(self.device, torch.float32) for t in self._state_tensors()])
+
+    def load_flat_state(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for t in self._state_tensors():
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+    def rollback_to(self, iteration: int) -> None:
+        """Drop in-flight work and return to the state after `iteration` steps (from the pre-step
+        snapshot when this replica had already stepped past it)."""
+        self.runner.drop_in_flight()
+        if iteration != self.completed:
+            snap = self._snapshots.get(iteration)
+            if snap is None or iteration > self.completed:
+                raise RuntimeError(
+                    f"worker {list(self.spec.worker)}: cannot roll back from {self.completed} to "
+                    f"{iteration} completed iterations (snapshots kept: {sorted(self._snapshots)})")
+            for t, saved in zip(self._state_tensors(), snap, strict=True):
+                t.copy_(saved)
+            self.completed = iteration
+        for k in [k for k in self.losses if k >= iteration]:
+            del self.losses[k]
+        for k in [k for k in self.records if k >= iteration]:
+            del self.records[k]
+
+    def _step(self, iteration: int) -> None:
+        if self.keep_snapshots:
+            self._snapshots[iteration] = [t.detach().clone() for t in self._state_tensors()]
+            for k in [k for k in self._snapshots if k <= iteration - SNAPSHOTS_KEPT]:
+                del self._snapshots[k]
+        self.optimizer.step()
+        self.completed = iteration + 1
+
+    # ------------------------------------------------------------------------------ iteration
     def _tag(self, iteration: int, ins: Instruction) -> int:
         assert ins.microbatch is not None and ins.tensor is not None
         home, index = ins.microbatch
@@ -101,9 +181,13 @@ class Worker:
         return message_tag(iteration, home, index, ins.tensor.value, spec.pipelines, spec.microbatches)
 
     def run_iteration(self, iteration: int) -> None:
-        runner, groups = self.runner, self.groups
+        runner, groups, stream = self.runner, self.groups, self.stream
+        assert groups is not None and stream is not None, "attach() a generation first"
+        if self.completed != iteration:
+            raise RuntimeError(f"worker {list(self.spec.worker)} holds {self.completed} steps, asked to run "
+                               f"iteration {iteration}")
         runner.start_iteration()
-        recvs = [ins for ins in self.stream.instructions if ins.op == "RECV"]
+        recvs = [ins for ins in stream.instructions if ins.op == "RECV"]
         posted: deque[tuple[Instruction, torch.Tensor, Any]] = deque()
         next_recv = 0
 
@@ -117,20 +201,23 @@ class Worker:
 
         received: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
         outgoing: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
-        sends: list[tuple[Any, torch.Tensor]] = []
+        sends: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
         post_receives()
-        for ins in self.stream.instructions:
+        for position, ins in enumerate(stream.instructions):
+            if self.phase_hook is not None and position in self._pauses:
+                self.phase_hook(iteration, self._pauses[position])
             started = time.perf_counter()
             mb = tuple(ins.microbatch) if ins.microbatch is not None else None
             if ins.op == "RECV":
                 posted_ins, buf, work = posted.popleft()
                 assert posted_ins is ins
-                groups.wait(work)
+                groups.wait(work, tuple(ins.peer), f"receive of {ins.tensor.value} {list(mb)}")
                 received[(mb, ins.tensor.value)] = buf
                 post_receives()
             elif ins.op == "SEND":
                 tensor = outgoing.pop((mb, ins.tensor.value))
-                sends.append((groups.send(tensor, tuple(ins.peer), self._tag(iteration, ins)), tensor))
+                peer = tuple(ins.peer)
+                sends.append((groups.send(tensor, peer, self._tag(iteration, ins)), tensor, peer))
             elif ins.op == "F":
                 if runner.first:
                     x, _ = self.source.load(iteration, *mb)
@@ -149,22 +236,25 @@ class Worker:
             elif ins.op == "W":
                 runner.backward_weight(mb)
             elif ins.op == "ALLREDUCE":
-                self._allreduce()
+                self._allreduce(iteration)
             elif ins.op == "OPTIMIZER":
-                self.optimizer.step()
+                self._step(iteration)
             self.op_seconds[ins.op.value] = self.op_seconds.get(ins.op.value, 0.0) + (
                 time.perf_counter() - started
             )
-        for work, _ in sends:
-            groups.wait(work)
+        for work, _, peer in sends:
+            groups.wait(work, peer, "send")
         if received or outgoing or posted:
             raise RuntimeError(
                 f"worker {list(self.spec.worker)} iteration {iteration}: stream left "
                 f"{len(received)} received and {len(outgoing)} unsent tensors (plan inconsistent)"
             )
-        self.iteration_end_s.append(time.time())
+        if self.completed != iteration + 1:
+            raise RuntimeError(f"worker {list(self.spec.worker)}: the stream has no OPTIMIZER step")
+        self.records[iteration] = {"end_s": time.time(), "generation": groups.generation,
+                                   "predicted_ms": self.predicted_ms}
 
-    def _allreduce(self) -> None:
+    def _allreduce(self, iteration: int) -> None:
         self.runner.ensure_grads()
         params = list(self.module.parameters())
         parts = [p.grad.reshape(-1) for p in params]
@@ -172,6 +262,7 @@ class Worker:
             local = sum(self.runner.losses.values()) * self.runner.loss_scale
             parts.append(torch.tensor([local], dtype=parts[0].dtype, device=self.device))
         flat = torch.cat(parts)
+        assert self.groups is not None
         self.groups.allreduce_sum(flat)
         offset = 0
         for p in params:
@@ -179,15 +270,19 @@ class Worker:
             p.grad.copy_(flat[offset : offset + n].view_as(p))
             offset += n
         if self.runner.last:
-            self.losses.append(float(flat[-1]))
+            self.losses[iteration] = float(flat[-1])
 
     def results(self) -> dict[str, Any]:
+        done = sorted(self.records)
         return {
             "worker": list(self.spec.worker),
-            "losses": self.losses,
-            "iteration_end_s": self.iteration_end_s,
+            "completed": self.completed,
+            "losses": [self.losses[i] for i in sorted(self.losses)],
+            "loss_by_iteration": dict(self.losses),
+            "iteration_end_s": [self.records[i]["end_s"] for i in done],
+            "records": dict(self.records),
             "op_seconds": self.op_seconds,
-            "parameters": {n: p.detach().cpu() for n, p in self.module.named_parameters()},
+            "parameters": {n: p.detach().cpu().clone() for n, p in self.module.named_parameters()},
         }
 
 
@@ -214,7 +309,8 @@ def worker_main(spec_json: str, result_path: str) -> None:
         timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
         store = connect_store(spec.store_host, spec.store_port, timeouts.group_setup_s)
         groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device)
-        worker = Worker(spec, groups)
+        worker = Worker(spec)
+        worker.attach(groups, InstructionStream.model_validate(spec.stream))
         started = time.time()
         for it in range(spec.iterations):
             worker.run_iteration(it)

@@ -98,6 +98,15 @@ class StageRunner:
     def pending(self) -> int:
         return len(self._forwarded) + len(self._awaiting_w)
 
+    def drop_in_flight(self) -> None:
+        """Forget every micro-batch of an interrupted iteration (its graphs, deferred weight work,
+        losses and partial gradients): the iteration is rerun from scratch under the next plan."""
+        self._forwarded.clear()
+        self._awaiting_w.clear()
+        self.losses.clear()
+        for p in self.module.parameters():
+            p.grad = None
+
     def start_iteration(self) -> None:
         if self.pending():
             raise StageError(f"{self.pending()} micro-batches still in flight at an iteration boundary")
