@@ -32,10 +32,15 @@ class SweepPolicy:
     """A W may also start when it overruns the next input's arrival by at most this fraction of
     W's duration (0: only W's that fit entirely in the gap)."""
     routing_rotation: int = 0
+    fused_backward: bool = False
+    """Run each W right after its B: classic 1F1B with an unsplit backward, as DeepSpeed-style
+    engines do (used to model baselines built on them, not by the planner itself)."""
 
     @property
     def name(self) -> str:
-        return f"sweep(warmup=S-s+{self.warmup_slack},overrun={self.w_overrun:g},rot={self.routing_rotation})"
+        fused = ",fused" if self.fused_backward else ""
+        return (f"sweep(warmup=S-s+{self.warmup_slack},overrun={self.w_overrun:g},"
+                f"rot={self.routing_rotation}{fused})")
 
 
 def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> dict[int, list[tuple[str, int]]]:
@@ -48,12 +53,19 @@ def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> dict[
             for s in range(S):
                 q = routing.executor(home, m, s)
                 mbs.setdefault(q * S + s, []).append((m, home))
+    # Warm-up depth per stage, non-increasing down the pipeline: a stage that waited for more
+    # forwards than its predecessor sends before its own first B would deadlock (Zero Bubble's
+    # "stage i runs at least as many F's as stage i+1").
+    depth = []
+    for s in range(S):
+        fits = min(costs.fits(s, D * M), *(depth[-1:] or [D * M]))
+        depth.append(max(1, min(fits, S - s + policy.warmup_slack)))
     orders = {}
     for wi, items in mbs.items():
         s = wi % S
         items.sort()
         ids = [home * M + m for m, home in items]
-        warmup = max(1, min(costs.fits(s, len(ids)), S - s + policy.warmup_slack))
+        warmup = min(len(ids), depth[s])
         seq: list[tuple[str, int]] = [("F", mb) for mb in ids[:warmup]]
         for j, mb in enumerate(ids):
             seq.append(("B", mb))
@@ -160,6 +172,8 @@ def sweep_schedule(
                 pending_w[wi].append(mb)
             end_at[(kind, mb, s)] = free[wi]
             ops.append(Op((wi // S, s), kind, divmod(mb, M), start, free[wi]))
+            if kind == "B" and policy.fused_backward:
+                run_w(wi)
             placed += 1
             pos[wi] += 1
             for other in waiting.pop((kind, mb, s), ()):

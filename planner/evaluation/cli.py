@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--restart-s", type=float, default=300.0, help="relaunch and checkpoint load")
     m.add_argument("--checkpoint-interval-s", type=float, default=1800.0, help="time between checkpoints")
     m.add_argument("--oobleck-min-stages", type=int, help="shortest Oobleck pipeline (default ceil(S/2))")
+    m.add_argument("--baseline-schedule", choices=("1f1b", "planner"), default="1f1b",
+                   help="schedule of the Oobleck- and Bamboo-style pipelines: their engines' 1F1B with an "
+                   "unsplit backward (default), or this project's B/W-split plan (favourable to them)")
     m.add_argument("--bamboo-slot", choices=("w", "f"), default="w",
                    help="Bamboo's redundant forward: w = movable like W (default), f = fused into F")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -172,7 +175,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError(f"--output {out}: cannot create the folder ({exc})") from None
     pauses = PauseModel(args.detect_s, args.regroup_s, args.oobleck_copy_s, args.restart_s,
                         args.checkpoint_interval_s)
-    evaluators = {label: Evaluator(job, pauses, args.oobleck_min_stages, args.bamboo_slot)
+    evaluators = {label: Evaluator(job, pauses, args.oobleck_min_stages, args.bamboo_slot,
+                                        args.baseline_schedule)
                   for label, job in suite["jobs"].items()}
     progress = not args.no_progress
     started = time.perf_counter()
@@ -181,6 +185,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                "assumptions: docs/evaluation.md.\n"]
     record: dict = {"suite": suite["name"], "strategies": strategies, "pauses": pauses.as_json(),
                     "oobleck_min_stages": args.oobleck_min_stages, "bamboo_slot": args.bamboo_slot,
+                    "baseline_schedule": args.baseline_schedule,
                     "jobs": {k: j.filled() for k, j in suite["jobs"].items()}}
 
     if suite["points"]:

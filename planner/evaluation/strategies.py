@@ -88,19 +88,26 @@ class Evaluator:
     bamboo_slot: str = "w"
     """Where Bamboo's redundant forward runs: 'w' movable like W (fills bubbles, favourable to
     Bamboo), or 'f' fused into the forward (on the critical path)."""
+    baseline_schedule: str = "1f1b"
+    """How Oobleck- and Bamboo-style pipelines are scheduled: '1f1b' (their engines' DeepSpeed-style
+    1F1B with an unsplit backward) or 'planner' (this project's B/W-split schedule, favourable to
+    them). Both keep the staggered per-stage optimizer, which also favours them."""
     _adaptive: dict[str, tuple[float, float]] = field(default_factory=dict)
     _single: dict[tuple, float] = field(default_factory=dict)
     plan_seconds: float = 0.0
 
     # --------------------------------------------------------------------------- shared simulator
 
-    def single_pipeline_ms(self, stage_costs: dict[str, list[float]], microbatches: int) -> float:
-        """Planner + replay period of one pipeline with these per-stage costs and micro-batches.
+    def single_pipeline_ms(
+        self, stage_costs: dict[str, list[float]], microbatches: int, schedule: str = "planner"
+    ) -> float:
+        """Replayed period of one pipeline with these per-stage costs and micro-batches.
 
-        All D pipelines of a fault-free job are identical, so this is also the fault-free period of
-        any number of such pipelines (the planner's own fault-free plan is built the same way).
+        `schedule` 'planner' is the planner's own fault-free plan; '1f1b' is classic 1F1B with each
+        W fused right after its B. All D pipelines of a fault-free job are identical, so this is
+        also the fault-free period of any number of such pipelines.
         """
-        key = (tuple((k, tuple(v)) for k, v in sorted(stage_costs.items())), microbatches)
+        key = (tuple((k, tuple(v)) for k, v in sorted(stage_costs.items())), microbatches, schedule)
         if key not in self._single:
             from planner.solve import plan
 
@@ -108,7 +115,15 @@ class Evaluator:
             changes.setdefault("memory_limit_mb", self.job.costs.memory_limit_mb)
             single = job_variant(self.job, pipelines=1, stages=len(stage_costs["forward_ms"]),
                                  microbatches=microbatches, **changes)
-            self._single[key] = plan(single, (), use_cp=False).iteration_ms
+            if schedule == "1f1b":
+                from planner.routing import balanced_routing
+                from planner.simulator import replay
+                from planner.sweep import SweepPolicy, sweep_schedule
+
+                ops = sweep_schedule(single, balanced_routing(single, ()), SweepPolicy(fused_backward=True))
+                self._single[key] = replay(single, ops).iteration_ms
+            else:
+                self._single[key] = plan(single, (), use_cp=False).iteration_ms
         return self._single[key]
 
     def base_costs(self) -> dict[str, list[float]]:
@@ -215,7 +230,8 @@ def oobleck(ev: Evaluator, failed: tuple[Worker, ...]) -> Outcome:
     base = ev.base_costs()
     kinds = {n: _repartition(base, n) if n != S else base for n in set(lengths)}
     counts = _divide_batch(ev, kinds, lengths, job.pipelines * job.microbatches)
-    period = max(ev.single_pipeline_ms(kinds[n], m) for n, m in zip(lengths, counts, strict=True) if m)
+    period = max(ev.single_pipeline_ms(kinds[n], m, ev.baseline_schedule)
+                 for n, m in zip(lengths, counts, strict=True) if m)
     shape = ", ".join(f"{lengths.count(n)}x{n} stages" for n in sorted(set(lengths), reverse=True))
     return Outcome("oobleck", period, f"{shape}; micro-batches {min(counts)}..{max(counts)}")
 
@@ -228,7 +244,8 @@ def _divide_batch(ev: Evaluator, kinds, lengths: list[int], total: int) -> list[
     soonest with it, while that lowers the maximum (every period comes from the planner).
     """
     M = ev.job.microbatches
-    rate = {n: M / ev.single_pipeline_ms(kinds[n], M) for n in set(lengths)}
+    sched = ev.baseline_schedule
+    rate = {n: M / ev.single_pipeline_ms(kinds[n], M, sched) for n in set(lengths)}
     weight = sum(rate[n] for n in lengths)
     counts = [max(1, int(total * rate[n] / weight)) for n in lengths]
     order = sorted(range(len(lengths)), key=lambda i: -rate[lengths[i]])
@@ -241,7 +258,7 @@ def _divide_batch(ev: Evaluator, kinds, lengths: list[int], total: int) -> list[
         counts[j] -= 1
 
     def period(i: int, m: int) -> float:
-        return ev.single_pipeline_ms(kinds[lengths[i]], m) if m else 0.0
+        return ev.single_pipeline_ms(kinds[lengths[i]], m, sched) if m else 0.0
 
     for _ in range(4 * len(lengths) + 16):
         slow = max(range(len(counts)), key=lambda k: period(k, counts[k]))
@@ -298,7 +315,8 @@ def bamboo(ev: Evaluator, failed: tuple[Worker, ...]) -> Outcome:
                 groups.append(([0] if s == 1 and 0 in dead else []) + [s])
             elif s > 0:
                 groups[-1].append(s)
-        periods.append(ev.single_pipeline_ms(_bamboo_pipeline(ev, groups), job.microbatches))
+        periods.append(ev.single_pipeline_ms(_bamboo_pipeline(ev, groups), job.microbatches,
+                                             ev.baseline_schedule))
     damaged = len(by_pipeline)
     return Outcome("bamboo", max(periods), f"{damaged} pipelines run a merged node")
 

@@ -75,7 +75,7 @@ def test_oobleck_balances_micro_batches_by_pipeline_speed():
     # 2 pipelines of 2 stages, one loses a worker: it becomes a 1-stage pipeline doing both stages'
     # work (F 2, B 4, W 6 = 12 per micro-batch, all-reduce 10, optimizer 2 after re-partitioning).
     job = JobSpec.parse({**ONE_STAGE, "pipelines": 2, "stages": 2, "microbatches": 4})
-    ev = Evaluator(job, oobleck_min_stages=1)
+    ev = Evaluator(job, oobleck_min_stages=1, baseline_schedule="planner")
     out = ev.outcome("oobleck", ((1, 1),))
     short = ev.single_pipeline_ms(_repartition(ev.base_costs(), 1), 3)
     assert short == pytest.approx(3 * 12 + 10 + 2)
@@ -86,14 +86,14 @@ def test_oobleck_balances_micro_batches_by_pipeline_speed():
     assert out.iteration_ms == pytest.approx(best)
     assert out.iteration_ms < ev.outcome("drop", ((1, 1),)).iteration_ms
     # With a 2-stage minimum the damaged pipeline is dissolved: the same as dropping it.
-    strict = Evaluator(job, oobleck_min_stages=2).outcome("oobleck", ((1, 1),))
+    strict = Evaluator(job, oobleck_min_stages=2, baseline_schedule="planner").outcome("oobleck", ((1, 1),))
     assert strict.iteration_ms == pytest.approx(ev.outcome("drop", ((1, 1),)).iteration_ms)
 
 
 def test_bamboo_fault_free_overhead_is_the_successors_forward():
     # One pipeline of 2 stages, ring: each stage adds the other's forward (1 ms) to its W.
     job = JobSpec.parse({**ONE_STAGE, "pipelines": 2, "stages": 2, "microbatches": 1})
-    ev = Evaluator(job)
+    ev = Evaluator(job, baseline_schedule="planner")
     with_redundancy = job_variant(job, backward_weight_ms=4.0, pipelines=1)
     from planner.solve import plan
 
@@ -106,7 +106,7 @@ def test_bamboo_merges_the_failed_stage_into_its_predecessor():
     # 3 stages, stage 1 of pipeline 0 fails: its node becomes stages 0+1 (F 2, B 4, W 6), and the
     # redundant forward of the successor is added to each node's W.
     job = JobSpec.parse({**ONE_STAGE, "pipelines": 2, "stages": 3, "microbatches": 2})
-    ev = Evaluator(job)
+    ev = Evaluator(job, baseline_schedule="planner")
     merged = {**ev.base_costs()}
     merged = {k: [sum(v[0:2]), v[2]] for k, v in merged.items()}
     for k in ("p2p_ms", "cross_pipeline_p2p_ms"):
@@ -116,6 +116,22 @@ def test_bamboo_merges_the_failed_stage_into_its_predecessor():
         max(ev.single_pipeline_ms(merged, 2), ev.outcome("bamboo", ()).iteration_ms))
     assert ev.outcome("bamboo", ((0, 1), (0, 2))).iteration_ms is None  # neighbours: restart
     assert ev.outcome("bamboo", ((0, 0), (0, 2))).iteration_ms is None  # ring neighbours
+
+
+def test_baselines_run_an_unsplit_1f1b_by_default():
+    # Zero Bubble's 6.2B profile, one pipeline of 8 stages: 1F1B with W fused after B cannot use the
+    # B/W split, so it is slower than the planner's schedule; the default baseline schedule is 1F1B.
+    zb = JobSpec.parse({"pipelines": 2, "stages": 8, "microbatches": 24, "forward_ms": 29.7,
+                        "backward_input_ms": 29.4, "backward_weight_ms": 19.9, "p2p_ms": 0.53,
+                        "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0})
+    ev = Evaluator(zb)
+    assert ev.baseline_schedule == "1f1b"
+    costs = ev.base_costs()
+    assert ev.single_pipeline_ms(costs, 24, "1f1b") > ev.single_pipeline_ms(costs, 24) + 50
+    favoured = Evaluator(zb, oobleck_min_stages=1, baseline_schedule="planner")
+    for failed in (((1, 3),), ((0, 1), (1, 5))):
+        assert ev.outcome("oobleck", failed).iteration_ms >= favoured.outcome("oobleck", failed).iteration_ms
+        assert ev.outcome("bamboo", failed).iteration_ms >= favoured.outcome("bamboo", failed).iteration_ms
 
 
 def test_bamboo_slot_f_puts_the_redundant_forward_on_the_critical_path():
