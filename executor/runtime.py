@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from collections import deque
@@ -61,6 +62,17 @@ class WorkerSpec:
     threads: int = 1
     operation_timeout_s: float = 60.0
     group_setup_timeout_s: float = 120.0
+    service_url: str | None = None
+    """Live mode: follow this service's membership generations (the stream above is unused)."""
+    job_id: str | None = None
+    service_token: str | None = None
+    rejoin_at: int | None = None
+    """A restarted worker: rejoin once training has completed this many iterations."""
+    pause_at: list[str] = field(default_factory=list)
+    hold_at: list[list[int]] = field(default_factory=list)
+    """[ITER, P, S]: a restarted peer rejoins at ITER; while it is still failed, wait at that
+    iteration boundary (bounded) for its generation to arrive."""
+    """Fault injection: "ITER:PHASE" points where the worker announces itself and waits to be killed."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -299,11 +311,19 @@ def _finish_together(store, spec: WorkerSpec, timeouts: Timeouts) -> None:
         time.sleep(0.01)
 
 
-def worker_main(spec_json: str, result_path: str) -> None:
+def _write(out: dict[str, Any], result_path: str) -> None:
+    tmp = Path(f"{result_path}.tmp{os.getpid()}")
+    torch.save(out, tmp)
+    tmp.replace(result_path)
+
+
+def worker_main(spec_json: str, result_path: str) -> int:
     """Process entry point: train `spec.iterations` iterations, write results (or the error) to
     `result_path` with torch.save. Never hangs: every wait is bounded by the operation timeout."""
     spec = WorkerSpec.from_json(spec_json)
     torch.set_num_threads(spec.threads)
+    if spec.service_url:
+        return _live_main(spec, result_path)
     out: dict[str, Any]
     try:
         timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
@@ -319,21 +339,33 @@ def worker_main(spec_json: str, result_path: str) -> None:
     except Exception as exc:  # reported to the launcher, which names the worker
         out = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()}
-    tmp = Path(f"{result_path}.tmp{os.getpid()}")
-    torch.save(out, tmp)
-    tmp.replace(result_path)
+    _write(out, result_path)
+    return 0
+
+
+def _live_main(spec: WorkerSpec, result_path: str) -> int:
+    """A worker following the service (executor.daemon). It leaves with `os._exit`: threads blocked
+    in abandoned generations' gloo calls must not hold up (or crash) interpreter shutdown."""
+    from executor.daemon import daemon_main
+
+    try:
+        out, code = daemon_main(spec)
+    except Exception as exc:
+        out, code = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc()}, 1
+    _write(out, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m executor.runtime SPEC.json RESULT.pt`: how launchers start a worker process."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m executor.runtime SPEC.json RESULT.pt", file=sys.stderr)
         return 2
-    worker_main(Path(args[0]).read_text(), args[1])
-    return 0
+    return worker_main(Path(args[0]).read_text(), args[1])
 
 
 if __name__ == "__main__":

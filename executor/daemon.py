@@ -1,0 +1,219 @@
+"""A worker that follows the service's membership generations and survives peer failures.
+
+Recovery is by iteration rollback (docs/notes/executor.md). Per generation G the worker:
+
+1. posts how many iterations it has completed (`gen{G}/at/{p}:{s}`; -1 for a rejoiner holding no
+   state) and waits for every alive worker's number; the restart point R is the smallest;
+2. builds G's gloo groups (`PrefixStore("gen{G}")`, its own store connection);
+3. rolls back to R: drops in-flight work and, if it had already stepped past R, restores its
+   pre-step snapshot; a stage with a rejoiner broadcasts the lowest stateful replica's parameters
+   and AdamW state over the new stage group;
+4. runs iterations R.. under G's instruction stream.
+
+Any wait can be cut short: a newer settled generation (the long-poll thread sets `changed`)
+raises `Interrupted` within 50 ms; a broken connection raises `PeerLost`, which is reported to the
+coordinator (`POST .../failures`) before waiting for the generation it causes. Micro-batch data is a
+pure function of (iteration, home, index), so rerunning R under the new plan counts every micro-batch
+exactly once and reproduces the fault-free run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from executor.comms import GenerationGroups, Interrupted, PeerLost, Timeouts, connect_store, interruptible
+from executor.membership import Membership, MembershipError
+from executor.runtime import Worker, WorkerSpec
+from planner.instructions import InstructionStream
+
+EXIT_OK, EXIT_STOPPED = 0, 3
+
+
+class TrainingStopped(RuntimeError):
+    """The coordinator stopped the job (a stage has no surviving replica) or excluded this worker."""
+
+
+def log(name: str, message: str) -> None:
+    """One line per membership event on stderr (the worker's log file under the launcher)."""
+    print(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} worker {name}: {message}",
+          file=sys.stderr, flush=True)
+
+
+def key(worker: tuple[int, int]) -> str:
+    return f"{worker[0]}:{worker[1]}"
+
+
+class Daemon:
+    def __init__(self, spec: WorkerSpec):
+        if not (spec.service_url and spec.job_id):
+            raise ValueError("a live worker needs service_url and job_id")
+        self.spec = spec
+        self.timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
+        self.store = connect_store(spec.store_host, spec.store_port, self.timeouts.group_setup_s)
+        self.member = Membership(spec.service_url, spec.job_id, spec.worker, spec.service_token)
+        self.worker = Worker(spec)
+        self.worker.keep_snapshots = True
+        self.worker.phase_hook = self._pause
+        self.has_state = spec.rejoin_at is None
+        self.generations: list[dict[str, Any]] = []
+        self.held: set[int] = set()
+        self.name = key(spec.worker)
+
+    # ------------------------------------------------------------------------- fault injection
+    def _pause(self, iteration: int, phase: str) -> None:
+        """Announce reaching a phase the launcher asked about, and wait (bounded) to be released:
+        the launcher kills or stops this process here, so the fault lands exactly in that phase."""
+        point = f"{iteration}:{phase}"
+        if point not in self.spec.pause_at:
+            return
+        self.store.set(f"reached/{self.name}", point)
+        release = f"release/{self.name}/{point}"
+        deadline = time.monotonic() + self.timeouts.operation_s
+        while not self.store.check([release]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _hold(self, iteration: int) -> None:
+        """Fault injection's rejoin point: wait at this iteration boundary until the rejoiner's
+        generation arrives (raises Interrupted), the launcher gives up on it, or the bound passes."""
+        self.held.add(iteration)
+        release = f"release-hold/{iteration}"
+        deadline = time.monotonic() + self.timeouts.operation_s
+        while not self.store.check([release]) and time.monotonic() < deadline:
+            if self.member.changed.is_set():
+                raise Interrupted(f"rejoin at iteration {iteration}")
+            time.sleep(0.01)
+
+    # ------------------------------------------------------------------------------ main loop
+    def run(self) -> dict[str, Any]:
+        spec = self.spec
+        self.member.register()
+        after = 0
+        if spec.rejoin_at is not None:
+            self._wait_for_progress(spec.rejoin_at)
+            after = self.member.rejoin()["generation"] - 1
+        self.member.start(after)
+        current = after
+        while True:
+            a = self.member.wait_newer(current, self.timeouts.group_setup_s)
+            current = a["generation"]
+            self.member.adopt(current)
+            log(self.name, f"generation {current} {a['status']} failed={a['failed']} ({a['reason']})")
+            if a["status"] != "running":
+                if self.worker.completed >= spec.iterations and self.has_state:
+                    return self._result(None)  # finished before the job stopped
+                raise TrainingStopped(f"generation {current} is {a['status']}: {a['reason']}")
+            try:
+                self._run_generation(a)
+                return self._result(None)
+            except Interrupted as exc:
+                log(self.name, f"interrupted in generation {current}: {exc}")
+                continue
+            except PeerLost as exc:
+                log(self.name, f"peer lost in generation {current}: {str(exc)[:300]}")
+                if exc.peer is not None:
+                    self.member.report_failure(exc.peer, str(exc))
+                # Whoever broke must become a new generation (reported here, by the launcher, or by
+                # the heartbeat timeout); wait for it rather than retry the old one.
+                self.member.wait_newer(current, self.timeouts.group_setup_s)
+
+    def _wait_for_progress(self, iteration: int) -> None:
+        """A restarted worker comes back once training has reached `iteration` (any alive worker
+        completed that many), bounded by the operation timeout times the iterations left."""
+        alive = [(p, s) for p in range(self.spec.pipelines) for s in range(self.spec.stages)]
+        deadline = time.monotonic() + self.timeouts.operation_s * max(1, iteration)
+        while time.monotonic() < deadline:
+            done = [int(self.store.get(f"progress/{key(w)}")) for w in alive
+                    if w != self.spec.worker and self.store.check([f"progress/{key(w)}"])]
+            if done and max(done) >= iteration:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"training did not reach iteration {iteration} to rejoin at")
+
+    def _run_generation(self, a: dict[str, Any]) -> None:
+        spec, worker, store, interrupt = self.spec, self.worker, self.store, self.member.changed
+        gen = a["generation"]
+        alive = sorted(tuple(w) for w in a["alive"])
+        stream = InstructionStream.model_validate(a["instructions"])
+        store.set(f"gen{gen}/at/{self.name}", str(worker.completed if self.has_state else -1))
+        at = self._gather(gen, alive)
+        stateful = [c for c in at.values() if c >= 0]
+        if not stateful:
+            raise TrainingStopped(f"generation {gen}: no alive worker holds training state")
+        restart = min(stateful)
+        log(self.name, f"generation {gen}: restart at iteration {restart} (progress {sorted(at.items())})")
+        gen_store = connect_store(spec.store_host, spec.store_port, self.timeouts.group_setup_s)
+        groups = interruptible(
+            lambda: GenerationGroups(gen_store, gen, alive, spec.worker, self.timeouts, spec.device,
+                                     interrupt),
+            interrupt, f"generation {gen} group setup")
+        if self.has_state:
+            worker.rollback_to(restart)
+        stage = [w for w in alive if w[1] == spec.worker[1]]
+        log(self.name, f"generation {gen}: groups ready")
+        if any(at[w] < 0 for w in stage):
+            holders = [w for w in stage if at[w] >= 0]
+            if not holders:
+                raise TrainingStopped(f"generation {gen}: no replica of stage {spec.worker[1]} holds state")
+            flat = worker.flat_state()
+            groups.broadcast(flat, holders[0])
+            worker.load_flat_state(flat)
+            worker.runner.drop_in_flight()
+            worker.completed = restart
+            self.has_state = True
+            log(self.name, f"stage state copied from {list(holders[0])}")
+        worker.attach(groups, stream, a.get("iteration_ms") or 0.0)
+        self.generations.append({"generation": gen, "restart": restart, "started_s": time.time(),
+                                 "failed": a["failed"], "predicted_ms": a.get("iteration_ms")})
+        failed = {tuple(w) for w in a["failed"]}
+        holds = {it for it, p, s in spec.hold_at if (p, s) in failed}
+        for it in range(restart, spec.iterations):
+            if it in holds and it not in self.held:
+                self._hold(it)
+            worker.run_iteration(it)
+            store.set(f"progress/{self.name}", str(worker.completed))
+        self._finish_together(gen, alive)
+
+    def _gather(self, gen: int, alive: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        keys = [f"gen{gen}/at/{key(w)}" for w in alive]
+        deadline = time.monotonic() + self.timeouts.group_setup_s
+        while not self.store.check(keys):
+            if self.member.changed.is_set():
+                raise Interrupted(f"generation {gen} restart point")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"generation {gen}: peers did not post their progress within "
+                                   f"{self.timeouts.group_setup_s:.0f} s")
+            time.sleep(0.01)
+        return {w: int(self.store.get(k)) for w, k in zip(alive, keys, strict=True)}
+
+    def _finish_together(self, gen: int, alive: list[tuple[int, int]]) -> None:
+        """Nobody leaves before every worker of the generation is done (a finished gloo send only
+        means the bytes left; see runtime._finish_together). Interruptible: a peer failing before
+        it finishes means a new generation, and this worker may have to rerun its last iteration."""
+        counter = f"gen{gen}/finished"
+        self.store.add(counter, 1)
+        deadline = time.monotonic() + self.timeouts.operation_s
+        while self.store.add(counter, 0) < len(alive):
+            if self.member.changed.is_set():
+                raise Interrupted(f"generation {gen} exit barrier")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peers did not finish within {self.timeouts.operation_s:.0f} s")
+            time.sleep(0.01)
+
+    def _result(self, error: str | None) -> dict[str, Any]:
+        return {**self.worker.results(), "generations": self.generations, "error": error}
+
+
+def daemon_main(spec: WorkerSpec) -> tuple[dict[str, Any], int]:
+    """Run a live worker; returns (result, exit code). Stopped/excluded ends with EXIT_STOPPED and
+    a result holding the last consistent state (no half-applied step: see `stopped_state`)."""
+    daemon = Daemon(spec)
+    try:
+        return {**daemon.run(), "started_s": daemon.generations[0]["started_s"]
+                if daemon.generations else time.time()}, EXIT_OK
+    except (TrainingStopped, MembershipError) as exc:
+        daemon.worker.runner.drop_in_flight()
+        return {**daemon._result(f"{type(exc).__name__}: {exc}"), "stopped": True}, EXIT_STOPPED
+    finally:
+        daemon.member.stop()
