@@ -34,6 +34,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default cpu)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the job spec here instead of stdout")
     p.set_defaults(run=cmd_profile)
+    _register_train(subparsers)
+
+
+def _register_train(subparsers: argparse._SubParsersAction) -> None:
+    t = subparsers.add_parser(
+        "train", help="Train on a local cluster of worker processes, with injected failures and rejoins.",
+        description="Starts the plan service (unless --service), registers the job (profiled here, or "
+        "--job), precomputes plans, launches D x S CPU worker processes that follow the service's "
+        "membership generations, trains N iterations and prints loss, measured vs predicted "
+        "iteration time, generation, and recovery time per failure.",
+    )
+    t.error = _fail_usage_train  # type: ignore[method-assign]
+    t.add_argument("--pipelines", "-D", type=int, default=3, help="data-parallel degree D (default 3)")
+    t.add_argument("--stages", "-S", type=int, default=2, help="pipeline depth S (default 2)")
+    t.add_argument("--microbatches", "-M", type=int, default=4,
+                   help="micro-batches per pipeline per iteration (default 4)")
+    t.add_argument("--iterations", "-N", type=int, default=8, help="training iterations (default 8)")
+    model_options(t)
+    t.add_argument("--kill", action="append", default=[], metavar="P:S@ITER[:PHASE]",
+                   help="SIGKILL worker P:S when it reaches PHASE (forward, backward_input, backward_weight, "
+                   "allreduce, optimizer; default forward) of iteration ITER; repeatable")
+    t.add_argument("--rejoin", action="append", default=[], metavar="P:S@ITER",
+                   help="restart killed worker P:S; it rejoins at iteration ITER; repeatable")
+    t.add_argument("--service", metavar="URL", help="use this plan service instead of starting one")
+    t.add_argument("--token", help="bearer token for --service (RECYCLE_API_TOKEN there)")
+    t.add_argument("--job", metavar="FILE", help="job spec JSON to plan with instead of profiling")
+    t.add_argument("--reps", type=int, default=5, help="profile repetitions per figure (default 5)")
+    t.add_argument("--solve-time-limit", type=float, default=2.0,
+                   help="planner time limit per failure set for the started service (default 2 s)")
+    t.add_argument("--precompute-timeout", type=float, default=120.0,
+                   help="longest wait for the plan precompute (default 120 s; later plans solve on demand)")
+    t.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (default 600 s)")
+    t.add_argument("--report", metavar="FILE", help="write iterations, failures and parameter norms as JSON")
+    t.set_defaults(run=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from executor.train import cmd_train
+
+    return cmd_train(args)
+
+
+def _fail_usage_train(message: str) -> NoReturn:
+    print(f"recycle train: error: {message} (see recycle train --help)", file=sys.stderr)
+    raise SystemExit(EXIT_INPUT)
 
 
 def model_options(p: argparse.ArgumentParser) -> None:

@@ -165,7 +165,8 @@ class Daemon:
             log(self.name, f"stage state copied from {list(holders[0])}")
         worker.attach(groups, stream, a.get("iteration_ms") or 0.0)
         self.generations.append({"generation": gen, "restart": restart, "started_s": time.time(),
-                                 "failed": a["failed"], "predicted_ms": a.get("iteration_ms")})
+                                 "failed": a["failed"], "predicted_ms": a.get("iteration_ms"),
+                                 "reason": a.get("reason")})
         failed = {tuple(w) for w in a["failed"]}
         holds = {it for it, p, s in spec.hold_at if (p, s) in failed}
         for it in range(restart, spec.iterations):

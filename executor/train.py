@@ -1,0 +1,149 @@
+"""`recycle train`: the local cluster a newcomer runs, end to end.
+
+Starts the plan service (`recycle serve` on 127.0.0.1, a free port, SQLite in a temp dir) unless
+`--service URL`; registers the job (profiled on this machine, or `--job FILE`); precomputes the
+plans of every failure set up to the number of `--kill` flags; launches D x S worker processes
+that follow the service's generations; trains with a progress bar; injects the faults; prints a
+table (loss, measured vs predicted iteration ms, generation; recovery per failure) and, with
+`--report FILE`, writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
+
+
+def _err(message: str) -> None:
+    print(f"recycle train: error: {message}", file=sys.stderr)
+
+
+def _job_spec(args: argparse.Namespace, model, data) -> dict[str, Any]:
+    from executor.model import ConfigError
+    from planner.spec import JobSpec
+
+    if args.job:
+        try:
+            raw = json.loads(Path(args.job).read_text())
+        except OSError as exc:
+            raise ConfigError(f"job: cannot read {args.job}: {exc.strerror}", "job") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"job: {args.job} is not JSON: {exc}", "job") from None
+        job = JobSpec.parse(raw)
+        got = (job.pipelines, job.stages, job.microbatches)
+        if got != (args.pipelines, args.stages, args.microbatches):
+            raise ConfigError(f"job: {args.job} has pipelines/stages/microbatches {list(got)}, the run "
+                              f"{[args.pipelines, args.stages, args.microbatches]}", "job")
+        return job.filled()
+    import torch
+
+    from executor.profile import profile_job
+
+    torch.set_num_threads(1)  # as each worker runs (WorkerSpec.threads)
+    print(f"profiling the model on this machine ({args.reps} reps per figure) ...", file=sys.stderr)
+    return profile_job(model, args.pipelines, args.stages, args.microbatches, data, args.reps)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from executor.cluster import LiveCluster, LiveRunError, check_faults, parse_kill, parse_rejoin
+    from executor.data import DataConfig
+    from executor.model import ConfigError, ModelConfig
+    from executor.service import LocalService, ServiceClient, ServiceError
+    from planner.spec import SpecError
+
+    try:
+        for name in ("pipelines", "stages", "microbatches", "iterations"):
+            if getattr(args, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(args, name)}", name)
+        if args.timeout <= 0:
+            raise ConfigError(f"timeout: must be > 0, got {args.timeout}", "timeout")
+        model = ModelConfig(layers=args.layers, width=args.width, heads=args.heads, vocab=args.vocab,
+                            seq_len=args.seq_len, seed=args.seed)
+        model.stage_layers(args.stages)
+        data = DataConfig(batch_size=args.batch_size, text_file=args.text_file)
+        faults = [parse_kill(k) for k in args.kill]
+        rejoins = [parse_rejoin(r) for r in args.rejoin]
+        check_faults(args.pipelines, args.stages, args.iterations, faults, rejoins)
+        spec = _job_spec(args, model, data)
+    except (ConfigError, SpecError) as exc:
+        _err(str(exc))
+        return EXIT_INPUT
+
+    with tempfile.TemporaryDirectory(prefix="recycle-train-") as tmp:
+        service = None
+        try:
+            if args.service:
+                url = args.service
+            else:
+                service = LocalService(Path(tmp), {"RECYCLE_SOLVE_TIME_LIMIT_S": str(args.solve_time_limit)})
+                url = service.start().url
+                print(f"service: {url} (SQLite in {tmp})", file=sys.stderr)
+            client = ServiceClient(url, args.token)
+            job_id = client.create_job(spec)
+            op = client.precompute(job_id, len(faults), args.precompute_timeout)
+            print(f"job {job_id}: precompute of failure sets up to {len(faults)}: {op['status']} "
+                  f"({op['done']}/{op['total']})", file=sys.stderr)
+            cluster = LiveCluster(url, job_id, args.pipelines, args.stages, args.microbatches,
+                                  args.iterations, model, data, faults=faults, rejoins=rejoins,
+                                  token=args.token, timeout_s=args.timeout)
+            run = _run_with_progress(cluster, args.iterations)
+        except (ServiceError, LiveRunError) as exc:
+            _err(str(exc))
+            return EXIT_FAILED
+        finally:
+            if service is not None:
+                service.stop()
+    report = {
+        "iterations": run.iterations,
+        "failures": [{k: f[k] for k in ("worker", "iteration", "recovery_ms")} for f in run.failures],
+        "stage_parameter_norms": run.stage_parameter_norms(),
+        "failure_details": run.failures,
+        "generations": run.generations,
+        "job_id": job_id,
+    }
+    print(render_table(report))
+    if args.report:
+        try:
+            Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:
+            _err(f"cannot write {args.report}: {exc.strerror}")
+            return EXIT_INPUT
+        print(f"wrote {args.report}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_with_progress(cluster, iterations: int):
+    from tqdm import tqdm
+
+    with tqdm(total=iterations, desc="training", unit="it", file=sys.stderr) as bar:
+        def advance(done: int) -> None:
+            bar.update(done - bar.n)
+
+        return cluster.run(progress=advance)
+
+
+def render_table(report: dict[str, Any]) -> str:
+    lines = [f"{'iteration':>9}  {'loss':>9}  {'measured ms':>11}  {'predicted ms':>12}  {'generation':>10}"]
+    for r in report["iterations"]:
+        predicted = f"{r['predicted_ms']:.2f}" if r["predicted_ms"] is not None else "-"
+        lines.append(f"{r['iteration']:>9}  {r['loss']:>9.5f}  {r['iteration_ms']:>11.1f}  {predicted:>12}  "
+                     f"{r['generation']:>10}")
+    if report["failure_details"]:
+        head = f"{'failure':>9}  {'iteration':>9}  {'phase':>15}  {'detected ms':>11}  {'recovery ms':>11}"
+        lines += ["", head]
+        for f in report["failure_details"]:
+            rec = f"{f['recovery_ms']:.1f}" if f["recovery_ms"] is not None else "-"
+            det = f"{f['detected_ms']:.1f}" if f["detected_ms"] is not None else "-"
+            lines.append(f"{f['worker'][0]}:{f['worker'][1]:<7}  {f['iteration']:>9}  {f['phase']:>15}  "
+                         f"{det:>11}  {rec:>11}")
+    norms = ", ".join(f"{n:.4f}" for n in report["stage_parameter_norms"])
+    lines += ["", f"stage parameter norms: {norms}"]
+    lines += [f"generation {g['generation']}: failed {g['failed']}, started at iteration {g['restart']}"
+              for g in report["generations"]]
+    return "\n".join(lines)
