@@ -21,7 +21,7 @@ from planner.heuristic import Policy, list_schedule
 from planner.routing import Routing, balanced_routing
 from planner.simulator import PlanInvalid, ReplayError, replay, validate
 from planner.spec import JobSpec, Worker
-from planner.sweep import SweepPolicy, orders_of, sweep_schedule
+from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
 from planner.timeline import TIMELINE_FORMAT, Op, SolverStats, SolveStatus
 
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -98,7 +98,11 @@ def heuristic_policies(job: JobSpec) -> list[Policy]:
 
 
 def best_heuristic(
-    job: JobSpec, failed: tuple[Worker, ...], bound_ms: float = 0.0, budget_s: float = float("inf")
+    job: JobSpec,
+    failed: tuple[Worker, ...],
+    bound_ms: float = 0.0,
+    budget_s: float = float("inf"),
+    template: list[Op] | None = None,
 ) -> tuple[list[Op], float, str]:
     """The best constructive schedule by replayed period: Zero-Bubble-style 1F1B sweeps, list
     schedules over the policy grid, and the best list schedule with its W's re-placed by a sweep.
@@ -125,13 +129,22 @@ def best_heuristic(
     def routing(rot: int) -> Routing:
         return routings.setdefault(rot, balanced_routing(job, failed, rot))
 
+    if template is not None and failed:
+        # Minimal disruption first: the fault-free plan everywhere, re-routed work inserted on peers.
+        for rot in (0, 1) if not big else (0,):
+            orders = insertion_orders(job, routing(rot), template)
+            for overrun in (0.0, 0.5) if not big else (0.0,):
+                policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
+                if consider(sweep_schedule(job, routing(rot), policy, orders),
+                            f"insert-into-fault-free(overrun={overrun:g},rot={rot})"):
+                    return best
     if not big:
         for policy in SWEEP_POLICIES:
             if consider(sweep_schedule(job, routing(0), policy), policy.name):
                 return best
     best_list: tuple[float, Policy, list[Op]] | None = None
     for tried, policy in enumerate(heuristic_policies(job)):
-        if tried >= 4 and time.perf_counter() - started > budget_s:
+        if (tried >= 4 or best is not None) and time.perf_counter() - started > budget_s:
             break
         ops = list_schedule(job, routing(policy.routing_rotation), policy)
         done = consider(ops, policy.name)
@@ -152,12 +165,17 @@ def best_heuristic(
 
 
 def _solve_canonical(
-    job: JobSpec, failed: tuple[Worker, ...], time_limit_s: float, use_cp: bool, seed: int
+    job: JobSpec,
+    failed: tuple[Worker, ...],
+    time_limit_s: float,
+    use_cp: bool,
+    seed: int,
+    template: list[Op] | None = None,
 ) -> tuple[list[Op], float, SolverStats, str]:
     started = time.perf_counter()
     bound = lower_bound(job, failed)
     ops, period, policy_name = best_heuristic(
-        job, failed, bound.value_ms, budget_s=max(1.0, HEURISTIC_SHARE * time_limit_s)
+        job, failed, bound.value_ms, budget_s=max(1.0, HEURISTIC_SHARE * time_limit_s), template=template
     )
     stats = SolverStats(
         status=SolveStatus.OPTIMAL if period <= bound.value_ms + 1e-6 else SolveStatus.HEURISTIC,
@@ -253,7 +271,9 @@ def plan(
             stats.bound_ms, reason = bound.value_ms, bound.reason
     else:
         left = max(0.0, time_limit_s - (time.perf_counter() - started))
-        ops, period, stats, reason = _solve_canonical(job, canonical.failed, left, use_cp, seed)
+        ops, period, stats, reason = _solve_canonical(
+            job, canonical.failed, left, use_cp, seed, template=ff_ops
+        )
         ops = [_to_concrete(canonical, op) for op in ops]
     concrete_failed = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
     if check:

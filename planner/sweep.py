@@ -86,6 +86,38 @@ def orders_of(job: JobSpec, ops: list[Op]) -> dict[int, list[tuple[str, int]]]:
     return {wi: [(k, mb) for _, k, mb in sorted(seq)] for wi, seq in orders.items()}
 
 
+def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> dict[int, list[tuple[str, int]]]:
+    """Fault-free orders for every alive worker, with each re-routed micro-batch inserted on its peer.
+
+    `template` is a one-pipeline fault-free schedule (pipeline 0's ops). Every alive worker keeps that
+    stage's F/B order for its own micro-batches; a re-routed micro-batch (p, m) goes right after the
+    peer's own op of index m, where its input arrives (all pipelines run the same template, so p's
+    neighbours send it when the peer's own pipeline sends index m). The rest of the job keeps its
+    optimal rhythm; only the peers absorb the extra work.
+    """
+    S, M, D = job.stages, job.microbatches, job.pipelines
+    stage_order: dict[int, list[tuple[str, int]]] = {}
+    for op in sorted(template, key=lambda o: o.start_ms):
+        if op.kind in ("F", "B") and op.worker[0] == 0:
+            stage_order.setdefault(op.worker[1], []).append((op.kind, op.microbatch[1]))
+    moved: dict[tuple[int, int, str, int], list[int]] = {}  # (peer, stage, kind, m) -> homes
+    for (home, m, s), q in sorted(routing.moved.items()):
+        for kind in ("F", "B"):
+            moved.setdefault((q, s, kind, m), []).append(home)
+    dead = set(routing.failed)
+    orders: dict[int, list[tuple[str, int]]] = {}
+    for q in range(D):
+        for s in range(S):
+            if (q, s) in dead:
+                continue
+            seq: list[tuple[str, int]] = []
+            for kind, m in stage_order.get(s, []):
+                seq.append((kind, q * M + m))
+                seq.extend((kind, home * M + m) for home in moved.get((q, s, kind, m), ()))
+            orders[q * S + s] = seq
+    return orders
+
+
 def sweep_schedule(
     job: JobSpec,
     routing: Routing,
