@@ -343,7 +343,8 @@ class LiveCluster:
                 "detected_ms": round((min(g["started_s"] for g in new_gen) - t_fault) * 1e3, 3)
                 if new_gen else None,
             })
-        generations = sorted({g["generation"]: {k: g[k] for k in ("generation", "restart", "failed", "reason")}
+        fields = ("generation", "restart", "failed", "reason")
+        generations = sorted({g["generation"]: {k: g[k] for k in fields}
                               for out in outputs.values() for g in out["generations"]}.values(),
                              key=lambda g: g["generation"])
         return LiveRun(losses=[losses[i] for i in range(self.N)], stage_parameters=stage_parameters,
