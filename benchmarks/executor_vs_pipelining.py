@@ -1,0 +1,146 @@
+"""Fault-free iteration time: the executor vs `torch.distributed.pipelining` on the same model and
+process layout (one pipeline of S stages, one process per stage, gloo on loopback, 1 torch thread
+per process).
+
+- executor: `train_local(1, S, M, N)` with the planner's fault-free plan (uniform-cost job), the
+  B/W split and per-stage AdamW; median iteration time after 2 warm-up iterations.
+- `Schedule1F1B`: `PipelineStage` per rank wrapping the same `StageModule` (no weight-gradient
+  deferral: plain autograd), `schedule.step` + AdamW; same median.
+- `ScheduleInterleavedZeroBubble`: the model cut into 2 x S virtual stages, two per rank (its
+  requirement), so the layout differs only in that split.
+
+    python benchmarks/executor_vs_pipelining.py [--stages 2 --microbatches 8 --iterations 12
+        --layers 4 --width 128 --seq-len 64 --batch-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from executor.data import DataConfig, MicrobatchSource
+from executor.local import train_local
+from executor.model import ModelConfig, StageModule
+from executor.optim import OptimConfig
+from executor.service import free_port
+from executor.split_backward import layer_norm, linear
+
+WARMUP = 2
+
+
+class Piece(nn.Module):
+    """A `StageModule` whose last stage returns logits (pipelining applies the loss itself)."""
+
+    def __init__(self, module: StageModule):
+        super().__init__()
+        self.m = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        if not m.last:
+            return m(x)
+        if m.first:
+            x = torch.nn.functional.embedding(x, m.tok_emb) + m.pos_emb[: x.shape[-1]]
+        for block in m.blocks:
+            x = block(x, None)
+        return linear(layer_norm(x, m.lnf_g, m.lnf_b, None), m.head_w, m.head_b, None)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _rank(rank: int, world: int, port: int, schedule_name: str, cfg: dict, out: dict) -> None:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    model = ModelConfig(**cfg["model"])
+    data = DataConfig(batch_size=cfg["batch_size"])
+    per_rank = 2 if schedule_name == "ScheduleInterleavedZeroBubble" else 1
+    n_stages = world * per_rank
+    # Interleaved placement: rank r holds virtual stages r and r + world.
+    indices = [rank + k * world for k in range(per_rank)]
+    M, B, T, W = cfg["microbatches"], cfg["batch_size"], model.seq_len, model.width
+    stages, params = [], []
+    for i in indices:
+        piece = Piece(StageModule(model, n_stages, i))
+        params += list(piece.parameters())
+        example = (torch.zeros(B, T, dtype=torch.long) if i == 0 else torch.zeros(B, T, W))
+        stages.append(PipelineStage(piece, i, n_stages, torch.device("cpu"), input_args=example))
+    if per_rank == 1:
+        schedule = Schedule1F1B(stages[0], M, loss_fn=loss_fn)
+    else:
+        schedule = ScheduleInterleavedZeroBubble(stages, M, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    source = MicrobatchSource(model, data)
+    times = []
+    for it in range(cfg["iterations"]):
+        xs, ys = zip(*(source.load(it, 0, j) for j in range(M)), strict=True)
+        x, y = torch.cat(xs), torch.cat(ys)
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        has_first = 0 in indices
+        has_last = n_stages - 1 in indices
+        kwargs = {"target": y, "losses": []} if has_last else {}
+        if has_first:
+            schedule.step(x, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        opt.step()
+        dist.barrier()
+        times.append((time.perf_counter() - t0) * 1e3)
+    if rank == 0:
+        out["times"] = times
+    dist.destroy_process_group()
+
+
+def run_torch(schedule_name: str, stages: int, cfg: dict) -> list[float]:
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.spawn(_rank, args=(stages, free_port(), schedule_name, cfg, out), nprocs=stages, join=True)
+    return list(out["times"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=4)
+    args = ap.parse_args()
+    model = {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": args.vocab,
+             "seq_len": args.seq_len}
+    cfg = {"model": model, "batch_size": args.batch_size, "microbatches": args.microbatches,
+           "iterations": args.iterations}
+    ours = train_local(1, args.stages, args.microbatches, args.iterations, ModelConfig(**model),
+                       DataConfig(batch_size=args.batch_size), OptimConfig(), timeout_s=600)
+    rows = {"executor": statistics.median(ours.iteration_ms[WARMUP:])}
+    for name in ("Schedule1F1B", "ScheduleInterleavedZeroBubble"):
+        rows[name] = statistics.median(run_torch(name, args.stages, cfg)[WARMUP:])
+    print(json.dumps({
+        "cores": os.cpu_count(), "torch": torch.__version__, "config": vars(args),
+        "median_iteration_ms": {k: round(v, 2) for k, v in rows.items()},
+        "executor_over_1f1b": round(rows["executor"] / rows["Schedule1F1B"], 4),
+        "executor_over_interleaved_zb": round(rows["executor"] / rows["ScheduleInterleavedZeroBubble"], 4),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
