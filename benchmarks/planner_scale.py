@@ -81,9 +81,9 @@ def main() -> int:
         timeline = json.loads(out_path.read_text())
         sys.path.insert(0, str(REPO))
         from planner.failures import parse_failure_set
-        from planner.simulator import validate
         from planner.spec import JobSpec
         from planner.timeline import Timeline
+        from planner.validate import validate
 
         job = JobSpec.parse(timeline["job"])
         violations = validate(job, parse_failure_set(job, timeline["failed"]),

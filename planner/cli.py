@@ -311,7 +311,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise CliError(f"--seed: must be >= 0, got {args.seed}")
     job, failed, ops, stated_ms = load_timeline(args.plan)
 
-    from planner.simulator import ReplayError, peak_memory, replay, validate
+    from planner.simulator import ReplayError, replay
+    from planner.validate import peak_memory, validate
 
     violations = validate(job, failed, ops)
     out = [f"plan {args.plan}: job {job.pipelines}x{job.stages}x{job.microbatches}, "
@@ -407,8 +408,8 @@ def cmd_precompute(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from planner.failures import enumerate_failure_classes, normalize, raw_failure_set_count
-    from planner.simulator import PlanInvalid
     from planner.solve import plan
+    from planner.validate import PlanInvalid
 
     classes = list(enumerate_failure_classes(job, args.max_failures))
     raw = raw_failure_set_count(job, args.max_failures)

@@ -18,9 +18,10 @@ from typing import Any
 
 from planner.cp.orders import Key, Retimed, orders_of, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
-from planner.simulator import replay, validate
+from planner.simulator import replay
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op
+from planner.validate import validate
 
 FULL_MAX_OPS = 3_000
 """Up to this many F/B/W ops the full model (free routing) is built and its bound is global."""

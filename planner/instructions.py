@@ -11,9 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from planner.simulator import worker_orders
 from planner.spec import JobSpec, Worker
-from planner.timeline import Op
+from planner.timeline import Op, worker_orders
 
 
 class InstructionKind(StrEnum):

@@ -19,10 +19,11 @@ from planner.bounds import lower_bound
 from planner.failures import CanonicalFailure, normalize
 from planner.heuristic import Policy, list_schedule
 from planner.routing import Routing, balanced_routing
-from planner.simulator import PlanInvalid, ReplayError, replay, validate
+from planner.simulator import ReplayError, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
 from planner.timeline import TIMELINE_FORMAT, Op, SolverStats, SolveStatus
+from planner.validate import PlanInvalid, validate
 
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTIC_GRID_MAX_OPS = 60_000

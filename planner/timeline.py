@@ -7,6 +7,8 @@ validated pydantic model used to read timelines from outside and to document the
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -27,6 +29,7 @@ class OpKind(StrEnum):
 
 
 COMPUTE_KINDS = ("F", "B", "W")
+_KIND_RANK = {"F": 0, "B": 0, "W": 0, "ALLREDUCE": 1, "OPTIMIZER": 2}
 
 
 @dataclass(slots=True)
@@ -49,6 +52,16 @@ class Op:
         if self.microbatch is not None:
             out["microbatch"] = [self.microbatch[0], self.microbatch[1]]
         return out
+
+
+def worker_orders(ops: Sequence[Op]) -> dict[Worker, list[Op]]:
+    """Each worker's ops in execution order (by start, then end, compute before collectives)."""
+    orders: dict[Worker, list[Op]] = defaultdict(list)
+    for op in ops:
+        orders[op.worker].append(op)
+    for seq in orders.values():
+        seq.sort(key=lambda o: (o.start_ms, o.end_ms, _KIND_RANK[o.kind]))
+    return dict(orders)
 
 
 class TimelineOp(BaseModel):

@@ -15,9 +15,8 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from planner.simulator import worker_orders
 from planner.spec import JobSpec, Worker
-from planner.timeline import COMPUTE_KINDS, Op
+from planner.timeline import COMPUTE_KINDS, Op, worker_orders
 
 Key = tuple[str, int, int, int]
 """A compute op: (kind, home pipeline, micro-batch index, stage)."""

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from api_testkit import create_job, metric, small_job, wait_plan
 
 from planner.failures import enumerate_failure_classes
-from planner.simulator import validate
 from planner.spec import JobSpec
 from planner.timeline import Timeline
+from planner.validate import validate
 
 
 def test_job_lifecycle(client):

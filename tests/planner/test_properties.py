@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
 from planner.failures import normalize
-from planner.simulator import replay, validate
+from planner.simulator import replay
 from planner.solve import plan
 from planner.spec import JobSpec
+from planner.validate import validate
 
 # derandomize: the same examples every run (CI must be deterministic); no example database on disk.
 SETTINGS = settings(max_examples=50, deadline=None, derandomize=True, database=None,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.simulator import ReplayError, replay, validate
+from planner.simulator import ReplayError, replay
 from planner.solve import plan
 from planner.timeline import Op
+from planner.validate import validate
 
 # F 1, B 2, W 3, all-reduce 4, optimizer 5, hop 0.5 ms on every stage.
 UNIT = {"forward_ms": 1.0, "backward_input_ms": 2.0, "backward_weight_ms": 3.0, "p2p_ms": 0.5,

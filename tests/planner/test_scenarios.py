@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.simulator import validate
 from planner.solve import plan
 from planner.spec import JobSpec
+from planner.validate import validate
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[3] / "shared" / "scenarios").glob("*.json"))
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="shared/scenarios is not beside the repository")

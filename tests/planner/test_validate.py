@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.simulator import validate
+from planner.validate import validate
 
 FAILED = [(0, 1)]
 

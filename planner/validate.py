@@ -1,0 +1,216 @@
+"""The contract's six validity rules, checked on a plan's op times as written.
+
+Independent of how a plan was made: the planner re-validates its own plans with it, and
+`recycle simulate` applies it to timelines from any tool.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from planner.spec import JobSpec, Worker
+from planner.timeline import COMPUTE_KINDS, Op, worker_orders
+
+EPS = 1e-6
+"""Tolerance in ms (timelines carry 6 decimals)."""
+
+
+class PlanInvalid(ValueError):
+    """A plan that breaks the contract; `violations` lists every broken rule found."""
+
+    def __init__(self, violations: list[str]):
+        shown = "; ".join(violations[:5])
+        more = f" (+{len(violations) - 5} more)" if len(violations) > 5 else ""
+        super().__init__(f"invalid plan: {shown}{more}")
+        self.violations = violations
+
+
+# --------------------------------------------------------------------------------------- validation
+
+
+def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[str]:
+    """All violations of the contract's six validity rules (empty when the plan is valid)."""
+    costs = job.costs
+    dead = set(map(tuple, failed))
+    problems: list[str] = []
+    where: dict[tuple[str, int, int, int], Op] = {}
+
+    for op in ops:
+        p, s = op.worker
+        if not (0 <= p < job.pipelines and 0 <= s < job.stages):
+            problems.append(f"rule 1: op on unknown worker {list(op.worker)}")
+            continue
+        if op.worker in dead:
+            problems.append(f"rule 1: {op.kind} runs on failed worker {list(op.worker)}")
+        expected = costs.duration(op.kind, s)
+        if abs((op.end_ms - op.start_ms) - expected) > EPS * max(1.0, expected):
+            problems.append(
+                f"rule 2: {op.kind} on {list(op.worker)} lasts {op.end_ms - op.start_ms:.6f} ms, "
+                f"expected {expected}"
+            )
+        if op.kind not in COMPUTE_KINDS and op.microbatch is not None:
+            problems.append(f"contract: {op.kind} on {list(op.worker)} carries a microbatch")
+        if op.kind in COMPUTE_KINDS:
+            if op.microbatch is None:
+                problems.append(f"rule 1: {op.kind} on {list(op.worker)} has no microbatch")
+                continue
+            hp, m = op.microbatch
+            if not (0 <= hp < job.pipelines and 0 <= m < job.microbatches):
+                problems.append(f"rule 1: unknown microbatch {list(op.microbatch)}")
+                continue
+            key = (op.kind, hp, m, s)
+            if key in where:
+                problems.append(f"rule 1: two {op.kind} ops for microbatch [{hp}, {m}] at stage {s}")
+            where[key] = op
+    if problems:
+        return problems
+
+    problems += _check_coverage(job, dead, where)
+    if problems:
+        return problems
+    problems += _check_order(job, where)
+    problems += _check_one_at_a_time(ops)
+    problems += _check_collectives(job, dead, ops, where)
+    problems += _check_memory(job, ops)
+    return problems
+
+
+def _check_coverage(job, dead, where) -> list[str]:
+    problems = []
+    for hp in range(job.pipelines):
+        for m in range(job.microbatches):
+            for s in range(job.stages):
+                trio = [where.get((k, hp, m, s)) for k in COMPUTE_KINDS]
+                if any(o is None for o in trio):
+                    missing = [k for k, o in zip(COMPUTE_KINDS, trio, strict=True) if o is None]
+                    problems.append(f"rule 1: microbatch [{hp}, {m}] stage {s} lacks {missing}")
+                    continue
+                workers = {o.worker for o in trio}
+                if len(workers) != 1:
+                    problems.append(f"rule 1: microbatch [{hp}, {m}] stage {s} split over {workers}")
+                    continue
+                (q, _), = workers
+                if (hp, s) not in dead and q != hp:
+                    problems.append(
+                        f"rule 1: microbatch [{hp}, {m}] stage {s} moved to pipeline {q} "
+                        "though its home worker is alive"
+                    )
+    return problems
+
+
+def _check_order(job, where) -> list[str]:
+    costs = job.costs
+    problems = []
+    last = job.stages - 1
+    for (kind, hp, m, s), op in where.items():
+        if kind == "F" and s > 0:
+            prev = where[("F", hp, m, s - 1)]
+            hop = costs.hop_ms(s - 1, prev.worker[0] != op.worker[0])
+            if op.start_ms + EPS < prev.end_ms + hop:
+                problems.append(f"rule 3: F of [{hp}, {m}] at stage {s} starts before its input arrives")
+        elif kind == "B":
+            if s == last:
+                if op.start_ms + EPS < where[("F", hp, m, s)].end_ms:
+                    problems.append(f"rule 3: B of [{hp}, {m}] on the last stage starts before its F ends")
+            else:
+                nxt = where[("B", hp, m, s + 1)]
+                hop = costs.hop_ms(s, nxt.worker[0] != op.worker[0])
+                if op.start_ms + EPS < nxt.end_ms + hop:
+                    problems.append(
+                        f"rule 3: B of [{hp}, {m}] at stage {s} starts before its gradient arrives"
+                    )
+        elif kind == "W" and op.start_ms + EPS < where[("B", hp, m, s)].end_ms:
+            problems.append(f"rule 3: W of [{hp}, {m}] at stage {s} starts before its B ends")
+    return problems
+
+
+def _check_one_at_a_time(ops) -> list[str]:
+    problems = []
+    for worker, seq in worker_orders(ops).items():
+        for a, b in zip(seq, seq[1:], strict=False):
+            if b.start_ms + EPS < a.end_ms:
+                problems.append(f"rule 4: {a.kind} and {b.kind} overlap on {list(worker)}")
+                break
+    return problems
+
+
+def _check_collectives(job, dead, ops, where) -> list[str]:
+    problems = []
+    by_worker: dict[Worker, dict[str, list[Op]]] = defaultdict(lambda: defaultdict(list))
+    for op in ops:
+        if op.kind in ("ALLREDUCE", "OPTIMIZER"):
+            by_worker[op.worker][op.kind].append(op)
+    last_w = defaultdict(float)
+    for (kind, _, _, s), op in where.items():
+        if kind == "W":
+            last_w[s] = max(last_w[s], op.end_ms)
+    for s in range(job.stages):
+        starts = []
+        for p in range(job.pipelines):
+            if (p, s) in dead:
+                continue
+            got = by_worker.get((p, s), {})
+            ar, opt = got.get("ALLREDUCE", []), got.get("OPTIMIZER", [])
+            if len(ar) != 1 or len(opt) != 1:
+                problems.append(
+                    f"rule 5: worker [{p}, {s}] has {len(ar)} ALLREDUCE and {len(opt)} OPTIMIZER ops"
+                )
+                continue
+            starts.append(ar[0].start_ms)
+            if ar[0].start_ms + EPS < last_w[s]:
+                problems.append(f"rule 5: ALLREDUCE on [{p}, {s}] starts before every W of stage {s} ends")
+            if opt[0].start_ms + EPS < ar[0].end_ms:
+                problems.append(f"rule 5: OPTIMIZER on [{p}, {s}] starts before its ALLREDUCE ends")
+        if starts and max(starts) - min(starts) > EPS:
+            problems.append(f"rule 5: ALLREDUCE starts of stage {s} differ ({min(starts)} .. {max(starts)})")
+    return problems
+
+
+def _check_memory(job, ops) -> list[str]:
+    costs = job.costs
+    spans: dict[tuple, list[float]] = {}
+    for op in ops:
+        if op.kind == "F":
+            spans.setdefault((op.worker, op.microbatch), [0.0, 0.0])[0] = op.start_ms
+        elif op.kind == "W":
+            spans.setdefault((op.worker, op.microbatch), [0.0, 0.0])[1] = op.end_ms
+    events: dict[Worker, list[tuple[float, int, float]]] = defaultdict(list)
+    for (worker, _), (start, end) in spans.items():
+        act = costs.activation[worker[1]]
+        events[worker].append((start, 1, act))
+        events[worker].append((end, 0, -act))  # release sorts before an acquire at the same time
+    problems = []
+    for worker, evs in events.items():
+        evs.sort()
+        held = 0.0
+        for _, _, delta in evs:
+            held += delta
+            if held > costs.memory_limit_mb + EPS:
+                problems.append(
+                    f"rule 6: worker {list(worker)} holds {held:g} MB > memory_limit_mb "
+                    f"{costs.memory_limit_mb:g}"
+                )
+                break
+    return problems
+
+
+def peak_memory(job: JobSpec, ops: Sequence[Op]) -> dict[Worker, float]:
+    """Peak activation memory held by each worker over the iteration (MB)."""
+    costs = job.costs
+    events: dict[Worker, list[tuple[float, int, float]]] = defaultdict(list)
+    for op in ops:
+        act = costs.activation[op.worker[1]]
+        if op.kind == "F":
+            events[op.worker].append((op.start_ms, 1, act))
+        elif op.kind == "W":
+            events[op.worker].append((op.end_ms, 0, -act))
+    peaks = {}
+    for worker, evs in events.items():
+        evs.sort()
+        held = peak = 0.0
+        for _, _, delta in evs:
+            held += delta
+            peak = max(peak, held)
+        peaks[worker] = peak
+    return peaks
