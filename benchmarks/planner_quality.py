@@ -87,7 +87,7 @@ def main() -> int:
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['failed']} | {r['valid']} | {r['iteration_ms']:.1f} | {r['fault_free_ms']:.1f} | "
-                  f"{r['bound_ms']:.1f} | {r['gap']:.4f} | {r['vs_target']:.4f} | {r['status']} "
+                  f"{r['bound_ms']:.1f} | {max(r['gap'], 0.0):.4f} | {r['vs_target']:.4f} | {r['status']} "
                   f"| {r['wall_s']:.2f} |")
         failed_rows = [r for r in rows if r["failed"]]
         worst = max(failed_rows, key=lambda r: r["vs_target"])
