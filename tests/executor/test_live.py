@@ -69,9 +69,12 @@ def assert_same(run_losses, run_params, ref):
             assert rel <= RTOL, f"stage {s} {name}: relative difference {rel}"
 
 
-def test_kill_mid_iteration_3_and_rejoin_at_6_equals_single_process(service, reference):
-    run = live(service, 3, 2, 8, [Fault((1, 1), 3, "forward")], [Rejoin((1, 1), 6)]).run()
-    assert_same(run.losses, run.stage_parameters, reference(3, 2, 8))
+@pytest.mark.parametrize(("pipelines", "stages"), [(3, 2), (2, 3)], ids=["3x2", "2x3"])
+def test_kill_mid_iteration_3_and_rejoin_at_6_equals_single_process(service, reference, pipelines, stages):
+    # 2x3: worker 1:1 is a middle stage (receives from stage 0 and sends to stage 2), so its
+    # re-routed micro-batches cross pipelines in both directions.
+    run = live(service, pipelines, stages, 8, [Fault((1, 1), 3, "forward")], [Rejoin((1, 1), 6)]).run()
+    assert_same(run.losses, run.stage_parameters, reference(pipelines, stages, 8))
     assert [g["failed"] for g in run.generations] == [[], [[1, 1]], []]
     assert [g["restart"] for g in run.generations] == [0, 3, 6]
     assert [r["generation"] for r in run.iterations] == [1, 1, 1, 2, 2, 2, 3, 3]
