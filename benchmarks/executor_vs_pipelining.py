@@ -6,11 +6,17 @@ per process).
   B/W split and per-stage AdamW; median iteration time after 2 warm-up iterations.
 - `Schedule1F1B`: `PipelineStage` per rank wrapping the same `StageModule` (no weight-gradient
   deferral: plain autograd), `schedule.step` + AdamW; same median.
-- `ScheduleInterleavedZeroBubble`: the model cut into 2 x S virtual stages, two per rank (its
-  requirement), so the layout differs only in that split.
+- `ScheduleInterleavedZeroBubble` (with `--zero-bubble`, once): the model cut into 2 x S virtual
+  stages, two per rank (its requirement), so the layout differs only in that split.
 
-    python benchmarks/executor_vs_pipelining.py [--stages 2 --microbatches 8 --iterations 12
-        --layers 4 --width 128 --seq-len 64 --batch-size 4]
+The executor and 1F1B run in `--rounds` alternating rounds (who goes first alternates too); the
+report gives each round's ratio and the median, min and max of executor / 1F1B, so the machine
+noise is visible next to the 1.05x bar. The 1F1B timing spans barrier to barrier around
+`schedule.step` + AdamW (the batch is loaded before it); the executor's spans consecutive
+iteration ends of the last worker (data loading included).
+
+    python benchmarks/executor_vs_pipelining.py [--rounds 5 --stages 2 --microbatches 8
+        --iterations 12 --layers 4 --width 128 --seq-len 64 --batch-size 4 --zero-bubble]
 """
 
 from __future__ import annotations
@@ -118,6 +124,8 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating executor / 1F1B rounds")
+    ap.add_argument("--zero-bubble", action="store_true", help="also run ScheduleInterleavedZeroBubble once")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -125,21 +133,48 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4)
     args = ap.parse_args()
+    if args.rounds < 1 or args.iterations <= WARMUP:
+        raise SystemExit(f"--rounds must be >= 1 and --iterations > {WARMUP}")
     model = {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": args.vocab,
              "seq_len": args.seq_len}
     cfg = {"model": model, "batch_size": args.batch_size, "microbatches": args.microbatches,
            "iterations": args.iterations}
-    ours = train_local(1, args.stages, args.microbatches, args.iterations, ModelConfig(**model),
-                       DataConfig(batch_size=args.batch_size), OptimConfig(), timeout_s=600)
-    rows = {"executor": statistics.median(ours.iteration_ms[WARMUP:])}
-    for name in ("Schedule1F1B", "ScheduleInterleavedZeroBubble"):
-        rows[name] = statistics.median(run_torch(name, args.stages, cfg)[WARMUP:])
-    print(json.dumps({
-        "cores": os.cpu_count(), "torch": torch.__version__, "config": vars(args),
-        "median_iteration_ms": {k: round(v, 2) for k, v in rows.items()},
-        "executor_over_1f1b": round(rows["executor"] / rows["Schedule1F1B"], 4),
-        "executor_over_interleaved_zb": round(rows["executor"] / rows["ScheduleInterleavedZeroBubble"], 4),
-    }, indent=2))
+
+    def executor_ms() -> float:
+        ours = train_local(1, args.stages, args.microbatches, args.iterations, ModelConfig(**model),
+                           DataConfig(batch_size=args.batch_size), OptimConfig(), timeout_s=600)
+        return statistics.median(ours.iteration_ms[WARMUP:])
+
+    def one_f_one_b_ms() -> float:
+        return statistics.median(run_torch("Schedule1F1B", args.stages, cfg)[WARMUP:])
+
+    # Machine load drifts over a run; alternating which side goes first in each round spreads
+    # that drift over both, and the per-round ratios show how large the noise is.
+    rounds = []
+    for r in range(args.rounds):
+        load = os.getloadavg()[0]
+        if r % 2 == 0:
+            ours, theirs = executor_ms(), one_f_one_b_ms()
+        else:
+            theirs, ours = one_f_one_b_ms(), executor_ms()
+        rounds.append({"round": r, "first": "executor" if r % 2 == 0 else "Schedule1F1B",
+                       "executor_ms": round(ours, 2), "1f1b_ms": round(theirs, 2),
+                       "ratio": round(ours / theirs, 4), "load_before": round(load, 2),
+                       "load_after": round(os.getloadavg()[0], 2)})
+        print(json.dumps(rounds[-1]), flush=True)
+    ratios = [row["ratio"] for row in rounds]
+    report = {
+        "cores": os.cpu_count(), "torch": torch.__version__, "config": vars(args), "rounds": rounds,
+        "executor_over_1f1b": {"median": round(statistics.median(ratios), 4), "min": min(ratios),
+                               "max": max(ratios)},
+        "median_iteration_ms": {"executor": round(statistics.median(r["executor_ms"] for r in rounds), 2),
+                                "Schedule1F1B": round(statistics.median(r["1f1b_ms"] for r in rounds), 2)},
+    }
+    if args.zero_bubble:
+        zb = statistics.median(run_torch("ScheduleInterleavedZeroBubble", args.stages, cfg)[WARMUP:])
+        report["median_iteration_ms"]["ScheduleInterleavedZeroBubble"] = round(zb, 2)
+        report["executor_over_interleaved_zb"] = round(report["median_iteration_ms"]["executor"] / zb, 4)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
