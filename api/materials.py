@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from planner.failures import normalize
-from planner.instructions import instruction_stream
+from planner.instructions import instruction_stream_json
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op
 
@@ -47,23 +47,38 @@ def concrete_timeline(job: JobSpec, failed: tuple[Worker, ...],
 
 
 class PlanMaterial:
-    """One concrete plan, ready to serve: timeline bytes and an index for instruction streams."""
+    """One concrete plan, ready to serve: timeline bytes and an index for instruction streams.
 
-    def __init__(self, job: JobSpec, failed: tuple[Worker, ...], doc: dict[str, Any]):
+    Built from the stored canonical timeline; the pipeline relabelling is applied while indexing
+    the ops (one pass), and the relabelled timeline document is only built when someone asks for
+    it: after a failure every worker needs its stream at once, and nobody needs the timeline.
+    """
+
+    def __init__(self, job: JobSpec, failed: tuple[Worker, ...], canonical_doc: dict[str, Any]):
         self.job = job
         self.failed = failed
-        self.doc = doc
+        self._canonical_doc = canonical_doc
+        self._doc: dict[str, Any] | None = None
         self._timeline_bytes: bytes | None = None
         self._by_worker: dict[Worker, list[Op]] = {}
         self._fb_at: dict[tuple[str, tuple[int, int], int], Op] = {}
-        for o in doc["ops"]:
+        perm = normalize(job, failed).to_concrete
+        for o in canonical_doc["ops"]:
             mb = o.get("microbatch")
-            op = Op((o["worker"][0], o["worker"][1]), o["kind"], None if mb is None else (mb[0], mb[1]),
+            w = o["worker"]
+            op = Op((perm[w[0]], w[1]), o["kind"], None if mb is None else (perm[mb[0]], mb[1]),
                     o["start_ms"], o["end_ms"])
             self._by_worker.setdefault(op.worker, []).append(op)
             if op.kind in ("F", "B") and op.microbatch is not None:
                 self._fb_at[(op.kind, op.microbatch, op.worker[1])] = op
         self._lock = threading.Lock()
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The concrete timeline document (relabelled from the canonical one on first use)."""
+        if self._doc is None:
+            self._doc = concrete_timeline(self.job, self.failed, self._canonical_doc)
+        return self._doc
 
     @property
     def timeline_bytes(self) -> bytes:
@@ -83,7 +98,7 @@ class PlanMaterial:
                 other = self._fb_at.get((op.kind, op.microbatch, stage))
                 if other is not None:
                     near.append(other)
-        return instruction_stream(self.job, self.failed, own + near, worker).model_dump_json().encode()
+        return instruction_stream_json(self.job, self.failed, own + near, worker)
 
 
 class MaterialCache:

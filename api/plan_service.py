@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from api.materials import MaterialCache, PlanMaterial, concrete_timeline, failed_key, parse_failed_key
+from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key
 from api.metrics import Metrics
 from api.problems import Problem
 from api.solver import Solver, in_thread
@@ -85,7 +85,7 @@ class PlanService:
         failed = parse_failed_key(plan.failed_key)
 
         def build() -> PlanMaterial:
-            return PlanMaterial(job.job, failed, concrete_timeline(job.job, failed, json.loads(text)))
+            return PlanMaterial(job.job, failed, json.loads(text))
 
         material = await in_thread(build)
         self.cache.put_plan(job.id, plan.id, material)
