@@ -1,0 +1,65 @@
+"""Instruction streams: every transfer names the right peer, and the JSON fast path equals the model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.instructions import InstructionStream, instruction_stream, instruction_stream_json
+from planner.solve import plan
+from planner.spec import JobSpec
+
+JOB = JobSpec.parse({
+    "pipelines": 3, "stages": 3, "microbatches": 4, "forward_ms": 1.0, "backward_input_ms": 1.0,
+    "backward_weight_ms": 1.0, "p2p_ms": 0.1, "cross_pipeline_p2p_ms": 0.2, "allreduce_ms": 2.0,
+    "optimizer_ms": 0.5, "activation_mb": 1.0,
+})
+FAILED = ((1, 1),)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return plan(JOB, FAILED, use_cp=False)
+
+
+def alive_workers():
+    return [(p, s) for p in range(JOB.pipelines) for s in range(JOB.stages) if (p, s) not in FAILED]
+
+
+def test_every_transfer_names_the_worker_that_runs_the_other_end(result):
+    where = {(op.kind, op.microbatch, op.worker[1]): op.worker for op in result.ops if op.microbatch}
+    moved = 0
+    for worker in alive_workers():
+        stream = instruction_stream(JOB, result.failed, result.ops, worker)
+        s = worker[1]
+        for i, ins in enumerate(stream.instructions):
+            if ins.op in ("RECV", "SEND"):
+                compute = stream.instructions[i + 1] if ins.op == "RECV" else stream.instructions[i - 1]
+                assert compute.microbatch == ins.microbatch
+                # Activations flow to higher stages, gradients to lower ones.
+                forward = ins.tensor == "activation"
+                other_stage = s - 1 if (ins.op == "RECV") == forward else s + 1
+                kind = "F" if forward else "B"
+                assert ins.peer == where[(kind, ins.microbatch, other_stage)]
+                moved += ins.peer[0] != worker[0]
+            if ins.op == "ALLREDUCE":
+                assert ins.group == [(p, s) for p in range(JOB.pipelines) if (p, s) not in FAILED]
+        # Compute ops appear in the plan's order, each F/B/W exactly once per micro-batch it runs.
+        computes = [(i.op, i.microbatch) for i in stream.instructions if i.op in ("F", "B", "W")]
+        assert len(computes) == len(set(computes))
+        assert stream.instructions[-1].op == "OPTIMIZER"
+    assert moved > 0  # the failed worker's micro-batches cross pipelines
+
+
+def test_json_fast_path_equals_the_pydantic_model(result):
+    for worker in alive_workers():
+        model = instruction_stream(JOB, result.failed, result.ops, worker)
+        fast = instruction_stream_json(JOB, result.failed, result.ops, worker)
+        assert json.loads(fast) == json.loads(model.model_dump_json())
+        assert InstructionStream.model_validate_json(fast) == model
+
+
+def test_a_failed_worker_has_no_stream(result):
+    with pytest.raises(ValueError, match="failure set"):
+        instruction_stream(JOB, result.failed, result.ops, (1, 1))
