@@ -36,6 +36,8 @@ class Membership:
     reason: str | None = None
     iteration_ms: float | None = None
     last_seen: dict[Worker, float] = field(default_factory=dict)
+    suspects: dict[Worker, float] = field(default_factory=dict)
+    """Workers a peer reported failed while their heartbeats were fresh -> time of the report."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleted: bool = False
@@ -162,6 +164,7 @@ class Coordinator:
         if worker not in m.last_seen or address is not None or pid is not None:
             await in_thread(self.store.register_worker, job.id, worker, address, pid)
         m.last_seen[worker] = time.monotonic()
+        m.suspects.pop(worker, None)  # it is alive: a peer's report was about someone else's death
         self._publish(m)
         return self._state(m, worker)
 
@@ -171,6 +174,14 @@ class Coordinator:
         if reporter is not None:
             self.check_worker(job, reporter, "reporter")
         m = await self.membership(job)
+        seen = m.last_seen.get(worker)
+        fresh = seen is not None and time.monotonic() - seen < 1.5 * self.settings.heartbeat_interval_s
+        if reporter is not None and fresh and worker not in m.failed:
+            # A gloo group breaks for every member when one dies, so a survivor can blame a live peer.
+            # A peer's report therefore only stands once the reported worker misses its next beats
+            # (the watchdog confirms it); a report from outside the job (operator, launcher) is final.
+            m.suspects.setdefault(worker, time.monotonic())
+            return self._state(m, worker)
         if worker not in m.failed:
             by = f" by {list(reporter)}" if reporter else ""
             await self._change(m, set(m.failed) | {worker}, f"worker {list(worker)} reported failed{by}"
@@ -271,12 +282,22 @@ class Coordinator:
             for m in list(self._members.values()):
                 silent = {w for w, seen in m.last_seen.items()
                           if now - seen > self.settings.heartbeat_timeout_s and w not in m.failed}
-                if silent:
-                    names = ", ".join(str(list(w)) for w in sorted(silent))
+                # Long enough for a live worker's next beat even on a loaded machine, well under the
+                # heartbeat timeout that would catch a silent worker anyway.
+                confirm = max(2 * self.settings.heartbeat_interval_s, self.settings.heartbeat_timeout_s / 2)
+                confirmed = {w for w, reported in m.suspects.items()
+                             if now - reported > confirm and w not in m.failed}
+                for w in list(m.suspects):
+                    if w in m.failed or w in confirmed:
+                        del m.suspects[w]
+                if silent or confirmed:
+                    names = ", ".join(str(list(w)) for w in sorted(silent | confirmed))
                     try:
                         timeout = self.settings.heartbeat_timeout_s
-                        cause = f"missed heartbeats for {timeout} s: {names}"
-                        await self._change(m, set(m.failed) | silent, cause)
+                        cause = (f"missed heartbeats for {timeout} s: {names}" if silent and not confirmed
+                                 else f"reported by a peer and silent for {confirm:g} s since: {names}"
+                                 if not silent else f"missed heartbeats or reported and silent: {names}")
+                        await self._change(m, set(m.failed) | silent | confirmed, cause)
                     except Exception as exc:  # keep watching the other jobs
                         log.error("watchdog transition failed", exc_info=exc, extra={"job_id": m.job.id})
                 self._publish(m)

@@ -86,6 +86,35 @@ def test_missed_heartbeats_fail_a_worker(client):
     assert poll(client, job_id, (1, 0), after=generation)["status"] == "excluded"
 
 
+def test_a_peer_report_about_a_beating_worker_waits_for_its_heartbeats(client):
+    # A dying gloo group breaks for every member, so a survivor may blame a live peer: its report
+    # stands only if the reported worker then misses its beats (half the 1 s timeout here).
+    job_id = create_job(client, small_job(2, 2, 4))
+    for w in ((0, 0), (0, 1), (1, 0)):
+        client.post(f"/v1/jobs/{job_id}/workers/{w[0]}/{w[1]}/heartbeat")
+    generation = poll(client, job_id, (0, 0), after=0)["generation"]
+    report = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [0, 1], "reporter": [0, 0]})
+    assert report.status_code == 200 and report.json()["generation"] == generation  # not yet
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # [0, 1] keeps beating: the report is dropped
+        for w in ((0, 0), (0, 1), (1, 0)):
+            client.post(f"/v1/jobs/{job_id}/workers/{w[0]}/{w[1]}/heartbeat")
+        time.sleep(0.1)
+    state = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat").json()
+    assert state["generation"] == generation and state["failed"] == []
+    # [1, 0] is reported and goes silent: failed after its missed beats, well before the 1 s timeout.
+    reported_at = time.monotonic()
+    client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 0], "reporter": [0, 0]})
+    while time.monotonic() - reported_at < 5:
+        state = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat").json()
+        client.post(f"/v1/jobs/{job_id}/workers/0/1/heartbeat")
+        if state["generation"] > generation:
+            break
+        time.sleep(0.05)
+    assert state["failed"] == [[1, 0]] and "reported by a peer" in state["reason"]
+    assert time.monotonic() - reported_at < 0.95
+
+
 def test_refusals_and_long_poll_timeout(client):
     job_id = create_job(client, small_job(2, 2, 4))
     other = create_job(client, small_job(2, 2, 4))
