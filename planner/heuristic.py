@@ -33,11 +33,8 @@ class Policy:
     before the next expected input gradient arrives plus x times W's duration; otherwise the worker
     keeps itself free for that gradient (B is on the critical path, W can go anywhere later).
     "Expected" is the exact arrival when the sender has started, else the uncongested round trip
-    from this worker's F. Memory pressure (an F waiting for room) always lets W run."""
-    w_yields_to_f: bool = False
-    """With `w_tolerance`, a W also keeps clear of a forward input already on its way."""
-    f_yields: bool = False
-    """Apply the same rule to F: do not start an F that would delay an expected gradient."""
+    from this worker's F; a forward input already on its way counts too (when the worker may run
+    it). Memory pressure (an F waiting for room) always lets W run."""
     ahead_slack: int | None = 0
     """A stage-s worker may run at most `S - s + ahead_slack` forwards ahead of its input
     gradients (1F1B's warm-up depth plus slack; ZB-H1 uses 0). None: only memory bounds it. W's
@@ -53,9 +50,8 @@ class Policy:
     def name(self) -> str:
         cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
         gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
-        f = (",F=yield" if self.f_yields else "") + (",W>F" if self.w_yields_to_f else "")
-        f += ",feed" if self.feed_bottleneck else ""
-        return f"W={gaps}{f},cap={cap},rot={self.routing_rotation}"
+        feed = ",feed" if self.feed_bottleneck else ""
+        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}"
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -82,8 +78,6 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         sum(fwd[t] + bwd[t] for t in range(s + 1, S)) + 2 * sum(hop_same[s:]) for s in range(S)
     ]
     yield_w = policy.w_tolerance
-    f_yields = policy.f_yields
-    yield_f_arrivals = policy.w_yields_to_f
     # executor[s][mb] for mb = home * M + m
     executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]
 
@@ -132,32 +126,21 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         else:
             f_ready = bool(fh) and fh[0][0] <= t + _EPS
             f_room = mem[wi] + act[s] <= limit
-            next_b = _INF
-            if yield_w is not None or f_yields:
-                ex, kn = expected[wi], known[wi]
-                while ex and (ex[0][1] in kn or ex[0][0] <= t):
-                    pop(ex)  # arrival now known, or late (congested): stop waiting on the estimate
-                next_b = min(bh[0][0] if bh else _INF, ex[0][0] if ex else _INF)
-                if yield_f_arrivals and fh and not f_ready and ahead[wi] < caps[s]:
-                    next_b = min(next_b, fh[0][0])
-            if f_ready and f_room and ahead[wi] < caps[s] and (
-                not f_yields or t + fwd[s] <= next_b + _EPS
-            ):
+            if f_ready and f_room and ahead[wi] < caps[s]:
                 kind, mb = "F", pop(fh)[-1]
             elif wq:
-                if (
-                    yield_w is not None
-                    and not (f_ready and not f_room)
-                    and t + wgt[s] > next_b + yield_w * wgt[s] + _EPS
-                ):
-                    push(events, (next_b, seq, wi))  # stay free for the gradient
-                    seq += 1
-                    continue
+                if yield_w is not None and not (f_ready and not f_room):
+                    ex, kn = expected[wi], known[wi]
+                    while ex and (ex[0][1] in kn or ex[0][0] <= t):
+                        pop(ex)  # arrival now known, or late (congested): stop waiting on the estimate
+                    next_b = min(bh[0][0] if bh else _INF, ex[0][0] if ex else _INF)
+                    if fh and not f_ready and ahead[wi] < caps[s]:
+                        next_b = min(next_b, fh[0][0])
+                    if t + wgt[s] > next_b + yield_w * wgt[s] + _EPS:
+                        push(events, (next_b, seq, wi))  # stay free for the input that is due
+                        seq += 1
+                        continue
                 kind, mb = "W", wq.popleft()
-            elif f_ready and f_room and ahead[wi] < caps[s]:
-                push(events, (next_b, seq, wi))
-                seq += 1
-                continue
         if kind is None:
             continue  # idle until the next arrival wakes this worker
         home, m = divmod(mb, M)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -57,50 +56,13 @@ def instruction_stream(
     job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker
 ) -> InstructionStream:
     """The instruction stream of `worker` for the plan `ops` (which must be valid)."""
-    return InstructionStream.model_validate(instruction_stream_data(job, failed, ops, worker))
+    return InstructionStream.model_validate_json(instruction_stream_json(job, failed, ops, worker))
 
 
 def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker) -> bytes:
     """The same stream as compact JSON bytes, written directly: after a failure a service answers
     every worker of a 147k-op plan at once, and one pydantic object per instruction (or even one
-    dict) is most of that time. Equal to `instruction_stream(...).model_dump_json()` as data."""
-    data = instruction_stream_data(job, failed, ops, worker, fragments=True)
-    return (f'{{"worker":{_pair(data["worker"])},"stage_peers":{_pairs(data["stage_peers"])},'
-            f'"instructions":[{",".join(data["instructions"])}]}}').encode()
-
-
-def _pair(w) -> str:
-    return f"[{w[0]},{w[1]}]"
-
-
-def _pairs(ws) -> str:
-    return "[" + ",".join(f"[{w[0]},{w[1]}]" for w in ws) + "]"
-
-
-def _fragment(op: str, microbatch=None, peer=None, tensor=None, group=None, start=None) -> str:
-    mb = "null" if microbatch is None else f"[{microbatch[0]},{microbatch[1]}]"
-    pr = "null" if peer is None else f"[{peer[0]},{peer[1]}]"
-    tn = "null" if tensor is None else f'"{tensor}"'
-    gr = "null" if group is None else _pairs(group)
-    st = "null" if start is None else json.dumps(start)
-    return (f'{{"op":"{op}","microbatch":{mb},"peer":{pr},"tensor":{tn},"group":{gr},'
-            f'"planned_start_ms":{st}}}')
-
-
-def _make_instruction(
-    op: str, microbatch=None, peer=None, tensor=None, group=None, start=None
-) -> dict[str, Any]:
-    # Every field of `Instruction`, in its order, so the document equals its model_dump().
-    return {"op": op, "microbatch": None if microbatch is None else list(microbatch),
-            "peer": None if peer is None else list(peer), "tensor": tensor, "group": group,
-            "planned_start_ms": start}
-
-
-def instruction_stream_data(
-    job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker, fragments: bool = False
-) -> dict[str, Any]:
-    """`InstructionStream` as plain JSON data (see `instruction_stream`); with `fragments` each
-    instruction is already its JSON text (for `instruction_stream_json`)."""
+    dict) is most of that time. The one builder of streams; `instruction_stream` parses its output."""
     p, s = worker
     dead = set(map(tuple, failed))
     if worker in dead:
@@ -109,29 +71,44 @@ def instruction_stream_data(
     for op in ops:
         if op.microbatch is not None and op.kind in ("F", "B"):
             placement[(op.kind, op.microbatch, op.worker[1])] = op.worker
-    peers = [[q, s] for q in range(job.pipelines) if (q, s) not in dead]
+    peers = [(q, s) for q in range(job.pipelines) if (q, s) not in dead]
     last = job.stages - 1
-    out: list = []
+    out: list[str] = []
     add = out.append
-    _instruction = _fragment if fragments else _make_instruction
     for op in worker_orders(ops).get(worker, []):
         mb = op.microbatch
         if op.kind == "F":
             if s > 0:
-                add(_instruction("RECV", mb, placement[("F", mb, s - 1)], "activation"))
-            add(_instruction("F", mb, start=op.start_ms))
+                add(_fragment("RECV", mb, placement[("F", mb, s - 1)], "activation"))
+            add(_fragment("F", mb, start=op.start_ms))
             if s < last:
-                add(_instruction("SEND", mb, placement[("F", mb, s + 1)], "activation"))
+                add(_fragment("SEND", mb, placement[("F", mb, s + 1)], "activation"))
         elif op.kind == "B":
             if s < last:
-                add(_instruction("RECV", mb, placement[("B", mb, s + 1)], "gradient"))
-            add(_instruction("B", mb, start=op.start_ms))
+                add(_fragment("RECV", mb, placement[("B", mb, s + 1)], "gradient"))
+            add(_fragment("B", mb, start=op.start_ms))
             if s > 0:
-                add(_instruction("SEND", mb, placement[("B", mb, s - 1)], "gradient"))
+                add(_fragment("SEND", mb, placement[("B", mb, s - 1)], "gradient"))
         elif op.kind == "W":
-            add(_instruction("W", mb, start=op.start_ms))
+            add(_fragment("W", mb, start=op.start_ms))
         elif op.kind == "ALLREDUCE":
-            add(_instruction("ALLREDUCE", group=peers, start=op.start_ms))
+            add(_fragment("ALLREDUCE", group=peers, start=op.start_ms))
         else:
-            add(_instruction("OPTIMIZER", start=op.start_ms))
-    return {"worker": [p, s], "stage_peers": peers, "instructions": out}
+            add(_fragment("OPTIMIZER", start=op.start_ms))
+    return (f'{{"worker":[{p},{s}],"stage_peers":{_pairs(peers)},'
+            f'"instructions":[{",".join(out)}]}}').encode()
+
+
+def _pairs(ws) -> str:
+    return "[" + ",".join(f"[{w[0]},{w[1]}]" for w in ws) + "]"
+
+
+def _fragment(op: str, microbatch=None, peer=None, tensor=None, group=None, start=None) -> str:
+    """One `Instruction` as JSON text, every field in the model's order."""
+    mb = "null" if microbatch is None else f"[{microbatch[0]},{microbatch[1]}]"
+    pr = "null" if peer is None else f"[{peer[0]},{peer[1]}]"
+    tn = "null" if tensor is None else f'"{tensor}"'
+    gr = "null" if group is None else _pairs(group)
+    st = "null" if start is None else json.dumps(start)
+    return (f'{{"op":"{op}","microbatch":{mb},"peer":{pr},"tensor":{tn},"group":{gr},'
+            f'"planned_start_ms":{st}}}')

@@ -37,8 +37,6 @@ class Routing:
     def moved(self) -> dict[tuple[int, int, int], int]:
         return dict(self._moved)
 
-    def with_moves(self, moved: dict[tuple[int, int, int], int]) -> Routing:
-        return Routing(self.job, self.failed, moved)
 
 
 def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) -> Routing:

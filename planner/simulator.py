@@ -28,13 +28,12 @@ class _Graph:
 
     ops: list[Op]
     duration: np.ndarray
-    worker_index: np.ndarray
     first_of_worker: np.ndarray  # op index -> worker slot, or -1 when not the worker's first op
     last_of_worker: np.ndarray  # worker slot -> index of its final op
-    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(
-        default_factory=list
-    )
-    """Per level: (targets, edge sources, edge delays, reduceat offsets, sync-free flag unused)."""
+    sources: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Level-0 nodes (no predecessor)."""
+    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    """Levels 1.. : (targets, edge sources, edge delays, reduceat offsets)."""
     workers: list[Worker] = field(default_factory=list)
 
 
@@ -137,7 +136,6 @@ def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
     graph = _Graph(
         ops=flat,
         duration=duration,
-        worker_index=np.r_[slot, np.full(ar_stages.size, -1)],
         first_of_worker=first,
         last_of_worker=last,
         workers=workers,
@@ -149,8 +147,8 @@ def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
     for lv in range(1, int(level.max()) + 1 if total else 0):
         a, b = bounds[lv], bounds[lv + 1]
         targets, offsets = np.unique(dst_a[a:b], return_index=True)
-        graph.levels.append((targets, src_a[a:b], delay_a[a:b], offsets, np.empty(0)))
-    graph.levels.insert(0, (np.flatnonzero(level == 0), *(np.empty(0),) * 4))
+        graph.levels.append((targets, src_a[a:b], delay_a[a:b], offsets))
+    graph.sources = np.flatnonzero(level == 0)
     return graph
 
 
@@ -190,11 +188,11 @@ def _run_iteration(g: _Graph, ready: np.ndarray, duration: np.ndarray) -> np.nda
     start = np.zeros(duration.size)
     firsts = g.first_of_worker
     end = np.zeros(duration.size)
-    targets0 = g.levels[0][0]
+    targets0 = g.sources
     fw = firsts[targets0]
     start[targets0] = np.where(fw >= 0, ready[np.maximum(fw, 0)], 0.0)
     end[targets0] = start[targets0] + duration[targets0]
-    for targets, srcs, delays, offsets, _ in g.levels[1:]:
+    for targets, srcs, delays, offsets in g.levels:
         best = np.maximum.reduceat(end[srcs] + delays, offsets)
         fw = firsts[targets]
         best = np.maximum(best, np.where(fw >= 0, ready[np.maximum(fw, 0)], 0.0))

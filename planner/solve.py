@@ -93,8 +93,8 @@ def heuristic_policies(job: JobSpec) -> list[Policy]:
                 continue  # feeding only lifts the forward-ahead cap, which memory-only lacks
             for tolerance in (0.5, None, 0.0):
                 for rot in (0, 1):
-                    grid.append(Policy(w_tolerance=tolerance, w_yields_to_f=tolerance is not None,
-                                       ahead_slack=slack, routing_rotation=rot, feed_bottleneck=feed))
+                    grid.append(Policy(w_tolerance=tolerance, ahead_slack=slack, routing_rotation=rot,
+                                       feed_bottleneck=feed))
     return grid
 
 
@@ -143,18 +143,18 @@ def best_heuristic(
         for policy in SWEEP_POLICIES:
             if consider(sweep_schedule(job, routing(0), policy), policy.name):
                 return best
-    best_list: tuple[float, Policy, list[Op]] | None = None
+    best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
         if (tried >= 4 or best is not None) and time.perf_counter() - started > budget_s:
             break
         ops = list_schedule(job, routing(policy.routing_rotation), policy)
         done = consider(ops, policy.name)
         if best is not None and best[2] == policy.name:
-            best_list = (best[1], policy, ops)
+            best_list = (policy, ops)
         if done:
             return best
     if not big and best_list is not None:
-        _, policy, ops = best_list
+        policy, ops = best_list
         orders = orders_of(job, ops)
         for overrun in (0.0, 0.5, 1.0):
             sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)

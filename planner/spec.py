@@ -139,6 +139,10 @@ def _per_stage(value: PerStage | None, stages: int) -> tuple[float, ...]:
     return (float(value),) * stages
 
 
+_DURATION_FIELD = {"F": "forward", "B": "backward_input", "W": "backward_weight",
+                   "ALLREDUCE": "allreduce", "OPTIMIZER": "optimizer"}
+
+
 @dataclass(frozen=True, slots=True)
 class StageCosts:
     """Per-stage durations (ms) and memory (MB), resolved from a `JobSpec`."""
@@ -186,10 +190,4 @@ class StageCosts:
         return cap if act <= 0 else min(cap, int(self.memory_limit_mb / act + 1e-9))
 
     def duration(self, kind: str, stage: int) -> float:
-        return {
-            "F": self.forward,
-            "B": self.backward_input,
-            "W": self.backward_weight,
-            "ALLREDUCE": self.allreduce,
-            "OPTIMIZER": self.optimizer,
-        }[kind][stage]
+        return getattr(self, _DURATION_FIELD[kind])[stage]
