@@ -24,11 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "loopback P2P transfer of one activation and the stage's gradient all-reduce over D ranks, "
         "and writes the job spec JSON (shared/docs/contracts.md) the planner reads.",
     )
-    p.error = _fail_usage  # type: ignore[method-assign]
-    p.add_argument("--pipelines", "-D", type=int, default=2, help="data-parallel degree D (default 2)")
-    p.add_argument("--stages", "-S", type=int, default=2, help="pipeline depth S (default 2)")
-    p.add_argument("--microbatches", "-M", type=int, default=4,
-                   help="micro-batches per pipeline per iteration (default 4)")
+    _one_line_errors(p, "profile")
+    _layout_options(p, pipelines=2)
     model_options(p)
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per figure (default 10)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default cpu)")
@@ -45,11 +42,8 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
         "membership generations, trains N iterations and prints loss, measured vs predicted "
         "iteration time, generation, and recovery time per failure.",
     )
-    t.error = _fail_usage_train  # type: ignore[method-assign]
-    t.add_argument("--pipelines", "-D", type=int, default=3, help="data-parallel degree D (default 3)")
-    t.add_argument("--stages", "-S", type=int, default=2, help="pipeline depth S (default 2)")
-    t.add_argument("--microbatches", "-M", type=int, default=4,
-                   help="micro-batches per pipeline per iteration (default 4)")
+    _one_line_errors(t, "train")
+    _layout_options(t, pipelines=3)
     t.add_argument("--iterations", "-N", type=int, default=8, help="training iterations (default 8)")
     model_options(t)
     t.add_argument("--kill", action="append", default=[], metavar="P:S@ITER[:PHASE]",
@@ -76,9 +70,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return cmd_train(args)
 
 
-def _fail_usage_train(message: str) -> NoReturn:
-    print(f"recycle train: error: {message} (see recycle train --help)", file=sys.stderr)
-    raise SystemExit(EXIT_INPUT)
+def _one_line_errors(parser: argparse.ArgumentParser, name: str) -> None:
+    """argparse's own errors as one line naming the command, exit code 2 (like every input error)."""
+
+    def fail(message: str) -> NoReturn:
+        print(f"recycle {name}: error: {message} (see recycle {name} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT)
+
+    parser.error = fail  # type: ignore[method-assign]
+
+
+def _layout_options(parser: argparse.ArgumentParser, pipelines: int) -> None:
+    parser.add_argument("--pipelines", "-D", type=int, default=pipelines,
+                        help=f"data-parallel degree D (default {pipelines})")
+    parser.add_argument("--stages", "-S", type=int, default=2, help="pipeline depth S (default 2)")
+    parser.add_argument("--microbatches", "-M", type=int, default=4,
+                        help="micro-batches per pipeline per iteration (default 4)")
 
 
 def model_options(p: argparse.ArgumentParser) -> None:
@@ -92,11 +99,6 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=2, help="samples per micro-batch (default 2)")
     p.add_argument("--text-file", metavar="FILE", help="train on windows of this text file (default: "
                    "synthetic sequences)")
-
-
-def _fail_usage(message: str) -> NoReturn:
-    print(f"recycle profile: error: {message} (see recycle profile --help)", file=sys.stderr)
-    raise SystemExit(EXIT_INPUT)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
