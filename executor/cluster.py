@@ -156,13 +156,16 @@ class LiveCluster:
                  iterations: int, model: ModelConfig, data: DataConfig | None = None,
                  optim: OptimConfig | None = None, faults: list[Fault] | None = None,
                  rejoins: list[Rejoin] | None = None, token: str | None = None, agent_reports: bool = True,
-                 timeout_s: float = 300.0, operation_timeout_s: float = 60.0, threads: int = 1):
+                 timeout_s: float = 300.0, operation_timeout_s: float = 60.0, threads: int = 1,
+                 app: str | None = None):
         self.service_url, self.job_id, self.token = service_url, job_id, token
         self.D, self.S, self.M, self.N = pipelines, stages, microbatches, iterations
         self.model, self.data, self.optim = model, data or DataConfig(), optim or OptimConfig()
         self.faults, self.rejoins = list(faults or []), list(rejoins or [])
         check_faults(pipelines, stages, iterations, self.faults, self.rejoins)
-        model.stage_layers(stages)
+        self.app = app
+        if app is None:
+            model.stage_layers(stages)
         self.agent_reports, self.timeout_s = agent_reports, timeout_s
         self.operation_timeout_s, self.threads = operation_timeout_s, threads
         self.client = ServiceClient(service_url, token)
@@ -172,7 +175,7 @@ class LiveCluster:
         return WorkerSpec(
             worker=w, pipelines=self.D, stages=self.S, microbatches=self.M, iterations=self.N,
             generation=0, alive=[], stream={}, model=self.model.to_json(), data=self.data.__dict__,
-            optim=self.optim.to_json(), store_port=port, threads=self.threads,
+            app=self.app, optim=self.optim.to_json(), store_port=port, threads=self.threads,
             operation_timeout_s=self.operation_timeout_s,
             group_setup_timeout_s=max(2 * self.operation_timeout_s, 30.0),
             service_url=self.service_url, job_id=self.job_id, service_token=self.token, rejoin_at=rejoin_at,

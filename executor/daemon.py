@@ -55,6 +55,7 @@ class Daemon:
         self.member = Membership(spec.service_url, spec.job_id, spec.worker, spec.service_token)
         self.worker = Worker(spec)
         self.worker.keep_snapshots = True
+        self.worker.signature_store = self.store
         self.worker.phase_hook = self._pause
         self.has_state = spec.rejoin_at is None
         self.generations: list[dict[str, Any]] = []
@@ -156,9 +157,7 @@ class Daemon:
             holders = [w for w in stage if at[w] >= 0]
             if not holders:
                 raise TrainingStopped(f"generation {gen}: no replica of stage {spec.worker[1]} holds state")
-            flat = worker.flat_state()
-            groups.broadcast(flat, holders[0])
-            worker.load_flat_state(flat)
+            worker.share_state(groups, holders[0])
             worker.runner.drop_in_flight()
             worker.completed = restart
             self.has_state = True

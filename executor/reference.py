@@ -49,3 +49,32 @@ def train_reference(
             opt.step()
         losses.append(total)
     return TrainingResult(losses, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in modules])
+
+
+def train_reference_app(app, stages: int, pipelines: int, microbatches: int,
+                        iterations: int) -> TrainingResult:
+    """A training app (contracts.md) trained in one process: per iteration, the loss is the mean of
+    the n = D x M micro-batch losses, every stage's gradient is the gradient of that mean, and each
+    stage's optimizer steps once."""
+    from executor.app import as_tuple, build_stage, call_stage
+
+    modules = [build_stage(app, s, stages) for s in range(stages)]
+    optimizers = [app.optimizer(m.parameters()) for m in modules]
+    n = pipelines * microbatches
+    losses = []
+    for it in range(iterations):
+        for m in modules:
+            m.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(n):
+            x, target = app.microbatch(it, j, n)
+            value = modules[0](x)
+            for m in modules[1:]:
+                value = call_stage(m, as_tuple(value))
+            loss = app.loss(value, target)
+            total += float(loss.detach())
+            (loss / n).backward()
+        for opt in optimizers:
+            opt.step()
+        losses.append(total / n)
+    return TrainingResult(losses, [{k: v.detach().clone() for k, v in m.named_parameters()} for m in modules])

@@ -30,7 +30,19 @@ from typing import Any
 
 import torch
 
-from executor.comms import GenerationGroups, Timeouts, connect_store, message_tag, torch_device
+from executor.app import build_stage, load_app
+from executor.app_stage import (
+    AppStageRunner,
+    ReplicaState,
+    decode_signature,
+    encode_signature,
+    gradient_signature,
+    nbytes,
+    pack,
+    to_device,
+    unpack,
+)
+from executor.comms import GenerationGroups, Interrupted, Timeouts, connect_store, message_tag, torch_device
 from executor.data import DataConfig, MicrobatchSource
 from executor.model import ModelConfig, StageModule
 from executor.optim import OptimConfig, make_optimizer
@@ -56,6 +68,8 @@ class WorkerSpec:
     model: dict[str, Any]
     data: dict[str, Any] = field(default_factory=dict)
     optim: dict[str, Any] = field(default_factory=dict)
+    app: str | None = None
+    """A training app `MODULE:ATTR` (contracts.md); None: the built-in model of `model`/`data`."""
     store_host: str = "127.0.0.1"
     store_port: int = 0
     device: str = "cpu"
@@ -104,12 +118,25 @@ class Worker:
         self.model_cfg = ModelConfig(**spec.model)
         self.data_cfg = DataConfig(**spec.data)
         self.device = torch_device(spec.device, self.p * spec.stages + self.s)
-        self.module = StageModule(self.model_cfg, spec.stages, self.s).to(self.device)
-        self.runner = StageRunner(self.module, 1.0 / (spec.pipelines * spec.microbatches))
-        self.optimizer = make_optimizer(self.module, OptimConfig(**spec.optim))
-        self._init_optimizer_state()
-        self.source = MicrobatchSource(self.model_cfg, self.data_cfg)
-        self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
+        scale = 1.0 / (spec.pipelines * spec.microbatches)
+        self.app = load_app(spec.app) if spec.app else None
+        self.replica: ReplicaState | None = None
+        self._signatures: dict[int, list] = {}
+        self._published = False
+        self.signature_store: Any = None
+        """The c10d store where app stages publish their output signatures (set by the launcher)."""
+        if self.app is not None:
+            self.module = build_stage(self.app, self.s, spec.stages).to(self.device)
+            self.runner = AppStageRunner(self.module, self.app, self.s, spec.stages, scale)
+            self.optimizer = self.app.optimizer(self.module.parameters())
+            self.replica = ReplicaState(self.module, self.optimizer)
+        else:
+            self.module = StageModule(self.model_cfg, spec.stages, self.s).to(self.device)
+            self.runner = StageRunner(self.module, scale)
+            self.optimizer = make_optimizer(self.module, OptimConfig(**spec.optim))
+            self._init_optimizer_state()
+            self.source = MicrobatchSource(self.model_cfg, self.data_cfg)
+            self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
         self.completed = 0
         """Optimizer steps taken: the replica holds the state after iterations 0..completed-1."""
         self.losses: dict[int, float] = {}
@@ -117,7 +144,7 @@ class Worker:
         """Per finished iteration: wall-clock end, generation and the plan's predicted ms."""
         self.op_seconds: dict[str, float] = {}
         self.keep_snapshots = False
-        self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self._snapshots: dict[int, Any] = {}
         self.phase_hook: Callable[[int, str], None] | None = None
         self.groups: GenerationGroups | None = None
         self.stream: InstructionStream | None = None
@@ -149,6 +176,33 @@ class Worker:
             out += [p.data, st["step"], st["exp_avg"], st["exp_avg_sq"]]
         return out
 
+    def share_state(self, groups: GenerationGroups, holder: tuple[int, int]) -> None:
+        """Copy `holder`'s parameters and optimizer state to every replica of this stage group."""
+        if self.replica is None:
+            flat = self.flat_state()
+            groups.broadcast(flat, holder)
+            self.load_flat_state(flat)
+            return
+        data = self.replica.to_bytes() if self.spec.worker == holder else torch.empty(0, dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        groups.broadcast(size, holder)
+        if self.spec.worker != holder:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+        groups.broadcast(data, holder)
+        self.replica.load_bytes(data)
+
+    def _snapshot(self) -> Any:
+        if self.replica is not None:
+            return self.replica.snapshot()
+        return [t.detach().clone() for t in self._state_tensors()]
+
+    def _restore(self, snap: Any) -> None:
+        if self.replica is not None:
+            self.replica.restore(snap)
+            return
+        for t, saved in zip(self._state_tensors(), snap, strict=True):
+            t.copy_(saved)
+
     def flat_state(self) -> torch.Tensor:
         return torch.cat([t.reshape(-1).to(self.device, torch.float32) for t in self._state_tensors()])
 
@@ -169,8 +223,7 @@ class Worker:
                 raise RuntimeError(
                     f"worker {list(self.spec.worker)}: cannot roll back from {self.completed} to "
                     f"{iteration} completed iterations (snapshots kept: {sorted(self._snapshots)})")
-            for t, saved in zip(self._state_tensors(), snap, strict=True):
-                t.copy_(saved)
+            self._restore(snap)
             self.completed = iteration
         for k in [k for k in self.losses if k >= iteration]:
             del self.losses[k]
@@ -179,7 +232,7 @@ class Worker:
 
     def _step(self, iteration: int) -> None:
         if self.keep_snapshots:
-            self._snapshots[iteration] = [t.detach().clone() for t in self._state_tensors()]
+            self._snapshots[iteration] = self._snapshot()
             for k in [k for k in self._snapshots if k <= iteration - SNAPSHOTS_KEPT]:
                 del self._snapshots[k]
         self.optimizer.step()
@@ -203,11 +256,13 @@ class Worker:
         posted: deque[tuple[Instruction, torch.Tensor, Any]] = deque()
         next_recv = 0
 
-        def post_receives() -> None:
+        def post_receives(block: bool = False) -> None:
             nonlocal next_recv
             while next_recv < len(recvs) and len(posted) < RECV_WINDOW:
                 ins = recvs[next_recv]
-                buf = torch.empty(self.buffer_shape, device=self.device)
+                buf = self._receive_buffer(ins.tensor.value, block and not posted)
+                if buf is None:
+                    return  # the sender's signature is not published yet: post when it is needed
                 posted.append((ins, buf, groups.recv(buf, tuple(ins.peer), self._tag(iteration, ins))))
                 next_recv += 1
 
@@ -221,30 +276,28 @@ class Worker:
             started = time.perf_counter()
             mb = tuple(ins.microbatch) if ins.microbatch is not None else None
             if ins.op == "RECV":
+                if not posted:
+                    post_receives(block=True)
                 posted_ins, buf, work = posted.popleft()
                 assert posted_ins is ins
                 groups.wait(work, tuple(ins.peer), f"receive of {ins.tensor.value} {list(mb)}")
-                received[(mb, ins.tensor.value)] = buf
+                received[(mb, ins.tensor.value)] = self._decode(buf, ins.tensor.value)
                 post_receives()
             elif ins.op == "SEND":
                 tensor = outgoing.pop((mb, ins.tensor.value))
                 peer = tuple(ins.peer)
                 sends.append((groups.send(tensor, peer, self._tag(iteration, ins)), tensor, peer))
             elif ins.op == "F":
-                if runner.first:
-                    x, _ = self.source.load(iteration, *mb)
-                    x = x.to(self.device)
-                else:
-                    x = received.pop((mb, "activation"))
-                targets = self.source.load(iteration, *mb)[1].to(self.device) if runner.last else None
+                x = self._load(iteration, mb)[0] if runner.first else received.pop((mb, "activation"))
+                targets = self._load(iteration, mb)[1] if runner.last else None
                 out = runner.forward(mb, x, targets)
                 if not runner.last:
-                    outgoing[(mb, "activation")] = out
+                    outgoing[(mb, "activation")] = self._encode(out, "activation")
             elif ins.op == "B":
                 grad = None if runner.last else received.pop((mb, "gradient"))
                 grad_in = runner.backward_input(mb, grad)
                 if not runner.first:
-                    outgoing[(mb, "gradient")] = grad_in.contiguous()
+                    outgoing[(mb, "gradient")] = self._encode(grad_in, "gradient")
             elif ins.op == "W":
                 runner.backward_weight(mb)
             elif ins.op == "ALLREDUCE":
@@ -265,6 +318,65 @@ class Worker:
             raise RuntimeError(f"worker {list(self.spec.worker)}: the stream has no OPTIMIZER step")
         self.records[iteration] = {"end_s": time.time(), "generation": groups.generation,
                                    "predicted_ms": self.predicted_ms}
+
+    # ------------------------------------------------------------- data and the wire format
+    def _load(self, iteration: int, mb: tuple[int, int]) -> tuple[Any, Any]:
+        """(input, target) of micro-batch (home, index): the same in every process."""
+        if self.app is not None:
+            n = self.spec.pipelines * self.spec.microbatches
+            x, y = self.app.microbatch(iteration, mb[0] * self.spec.microbatches + mb[1], n)
+            return to_device(x, self.device), to_device(y, self.device)
+        x, y = self.source.load(iteration, *mb)
+        return x.to(self.device), y.to(self.device)
+
+    def _encode(self, value: Any, kind: str) -> torch.Tensor:
+        if self.app is None:
+            return value.contiguous()
+        if kind == "activation" and self.signature_store is not None and not self._published:
+            self.signature_store.set(f"signature/{self.s}", encode_signature(self.runner.output_signature))
+            self._published = True
+        # An empty message (nothing differentiable) still travels: one byte keeps send/recv paired.
+        return pack(value) if len(value) else torch.zeros(1, dtype=torch.uint8)
+
+    def _signature(self, kind: str, block: bool) -> list | None:
+        """The signature of what arrives: stage s-1's outputs (activation) or the float ones of this
+        stage's outputs (gradient); published in the store by the stage that produces them."""
+        if kind == "gradient" and self.runner.output_signature is not None:
+            return gradient_signature(self.runner.output_signature)
+        source = self.s - 1 if kind == "activation" else self.s
+        if source not in self._signatures:
+            key = f"signature/{source}"
+            store = self.signature_store
+            if store is None:
+                raise RuntimeError("app workers need the c10d store to learn their input signatures")
+            deadline = time.monotonic() + self.spec.operation_timeout_s
+            while not store.check([key]):
+                if not block:
+                    return None
+                interrupt = self.groups.interrupt if self.groups is not None else None
+                if interrupt is not None and interrupt.is_set():
+                    raise Interrupted(f"waiting for stage {source}'s output signature")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"stage {source} published no output signature within "
+                                       f"{self.spec.operation_timeout_s:.0f} s")
+                time.sleep(0.005)
+            self._signatures[source] = decode_signature(store.get(key))
+        signature = self._signatures[source]
+        return signature if kind == "activation" else gradient_signature(signature)
+
+    def _receive_buffer(self, kind: str, block: bool) -> torch.Tensor | None:
+        if self.app is None:
+            return torch.empty(self.buffer_shape, device=self.device)
+        signature = self._signature(kind, block)
+        if signature is None:
+            return None
+        return torch.empty(max(1, nbytes(signature)), dtype=torch.uint8, device=self.device)
+
+    def _decode(self, buffer: torch.Tensor, kind: str) -> Any:
+        if self.app is None:
+            return buffer
+        signature = self._signature(kind, block=True)
+        return unpack(buffer, signature) if signature else ()
 
     def _allreduce(self, iteration: int) -> None:
         self.runner.ensure_grads()
@@ -330,6 +442,7 @@ def worker_main(spec_json: str, result_path: str) -> int:
         store = connect_store(spec.store_host, spec.store_port, timeouts.group_setup_s)
         groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device)
         worker = Worker(spec)
+        worker.signature_store = store
         worker.attach(groups, InstructionStream.model_validate(spec.stream))
         started = time.time()
         for it in range(spec.iterations):

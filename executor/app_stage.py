@@ -1,0 +1,204 @@
+"""One stage of a user's training app: F, B (input gradient) and W (weight gradient) per micro-batch,
+the wire format of activations and gradients, and the replica state for rollback and rejoin.
+
+Stage inputs and outputs may be a tensor or a tuple of tensors of any shape and dtype. A transfer
+is one message: the tensors' bytes back to back (`pack`), read with the sender's signature
+(`unpack`): a list of (shape, dtype). Every micro-batch of a job has the same shapes (items are
+collated `microbatch_size` at a time), so a stage's output signature is published once in the c10d
+store after its first F (`SignatureBook`) and receive buffers are sized from it. Gradients travel
+for the floating-point tensors only (an integer tensor, e.g. token ids passed along, has none); a
+float input that got no gradient sends zeros.
+
+The loss of a micro-batch is scaled by `loss_scale` (1 / (D x M)) before B, so the stage's summed
+gradients over all replicas are the gradient of the mean loss over the global batch whichever
+worker ran which micro-batch (contracts.md, "Training app").
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from executor.app import TrainingApp, as_tuple, call_stage
+from executor.autograd_split import PendingWeightGrad, backward_input, backward_weight
+
+Microbatch = tuple[int, int]
+Signature = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+class StageError(RuntimeError):
+    """An op out of order for a micro-batch (a plan or runtime bug, never silently ignored)."""
+
+
+def signature_of(tensors: tuple[Tensor, ...]) -> Signature:
+    return [(tuple(t.shape), t.dtype) for t in tensors]
+
+
+def gradient_signature(signature: Signature) -> Signature:
+    return [(shape, dtype) for shape, dtype in signature if dtype.is_floating_point]
+
+
+def nbytes(signature: Signature) -> int:
+    return sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype in signature)
+
+
+def pack(tensors: list[Tensor] | tuple[Tensor, ...]) -> Tensor:
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unpack(buffer: Tensor, signature: Signature) -> tuple[Tensor, ...]:
+    out, offset = [], 0
+    for shape, dtype in signature:
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        # clone: a slice's storage offset may not be aligned for the wider dtype
+        out.append(buffer[offset : offset + size].clone().view(dtype).reshape(shape))
+        offset += size
+    return tuple(out)
+
+
+def encode_signature(signature: Signature) -> str:
+    return json.dumps([[list(shape), str(dtype).removeprefix("torch.")] for shape, dtype in signature])
+
+
+def decode_signature(text: str | bytes) -> Signature:
+    raw = json.loads(text)
+    return [(tuple(shape), getattr(torch, dtype)) for shape, dtype in raw]
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
+
+
+class AppStageRunner:
+    """F / B / W of one stage module for the micro-batches of the current iteration."""
+
+    def __init__(self, module: torch.nn.Module, app: TrainingApp, stage: int, stages: int,
+                 loss_scale: float):
+        self.module, self.app = module, app
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.loss_scale = loss_scale
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._forwarded: dict[Microbatch, tuple[list[Tensor], list[Tensor]]] = {}
+        self._awaiting_w: dict[Microbatch, PendingWeightGrad] = {}
+        self.losses: dict[Microbatch, float] = {}
+        self.output_signature: Signature | None = None
+        self._input_signature: Signature | None = None
+
+    def forward(self, mb: Microbatch, x: Any, target: Any = None) -> tuple[Tensor, ...] | None:
+        """F. `x`: the collated input on stage 0, else the received tuple. Returns the outputs to
+        send (detached), or None on the last stage (its loss is kept in `losses`)."""
+        if mb in self._forwarded or mb in self._awaiting_w:
+            raise StageError(f"F of micro-batch {list(mb)} twice in one iteration")
+        if self.first:
+            inputs: list[Tensor] = []
+            out = self.module(x)
+        else:
+            inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in x]
+            self._input_signature = signature_of(tuple(inputs))
+            out = call_stage(self.module, tuple(inputs))
+        if self.last:
+            loss = self.app.loss(out, target)
+            self.losses[mb] = float(loss.detach())
+            self._forwarded[mb] = (inputs, [loss * self.loss_scale])
+            return None
+        outputs = as_tuple(out)
+        if self.output_signature is None:
+            self.output_signature = signature_of(outputs)
+        self._forwarded[mb] = (inputs, list(outputs))
+        return tuple(t.detach() for t in outputs)
+
+    def backward_input(self, mb: Microbatch, grads: tuple[Tensor, ...] | None) -> list[Tensor] | None:
+        """B. `grads`: the received gradients of this stage's float outputs (None on the last
+        stage). Returns the gradients of the float inputs to send upstream (None on stage 0)."""
+        state = self._forwarded.pop(mb, None)
+        if state is None:
+            raise StageError(f"B of micro-batch {list(mb)} without a pending F")
+        inputs, outputs = state
+        if self.last:
+            pairs = [(outputs[0], torch.ones_like(outputs[0]))]
+        else:
+            if grads is None:
+                raise StageError(f"B of micro-batch {list(mb)} needs the output gradients")
+            floats = [t for t in outputs if t.dtype.is_floating_point]
+            if len(floats) != len(grads):
+                raise StageError(f"B of micro-batch {list(mb)}: {len(grads)} gradients for "
+                                 f"{len(floats)} float outputs")
+            pairs = [(t, g) for t, g in zip(floats, grads, strict=True) if t.requires_grad]
+        outs = [t for t, _ in pairs]
+        out_grads = [g for _, g in pairs]
+        if outs:
+            input_grads, pending = backward_input(outs, out_grads, inputs, self.params)
+        else:  # nothing differentiable reached this stage's outputs: no gradient flows through it
+            input_grads, pending = [None] * len(inputs), PendingWeightGrad()
+        self._awaiting_w[mb] = pending
+        if self.first:
+            return None
+        return [g if g is not None else torch.zeros_like(t)
+                for t, g in zip(inputs, input_grads, strict=True) if t.dtype.is_floating_point]
+
+    def backward_weight(self, mb: Microbatch) -> None:
+        pending = self._awaiting_w.pop(mb, None)
+        if pending is None:
+            raise StageError(f"W of micro-batch {list(mb)} without a finished B")
+        backward_weight(pending, self.params)
+
+    # ------------------------------------------------------------------- iteration bookkeeping
+    def pending(self) -> int:
+        return len(self._forwarded) + len(self._awaiting_w)
+
+    def drop_in_flight(self) -> None:
+        self._forwarded.clear()
+        self._awaiting_w.clear()
+        self.losses.clear()
+        for p in self.module.parameters():
+            p.grad = None
+
+    def start_iteration(self) -> None:
+        if self.pending():
+            raise StageError(f"{self.pending()} micro-batches still in flight at an iteration boundary")
+        self.losses.clear()
+        for p in self.module.parameters():
+            p.grad = None
+
+    def ensure_grads(self) -> None:
+        """Zero gradients where none arrived: every replica joins the all-reduce with one layout."""
+        for p in self.module.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
+class ReplicaState:
+    """A stage replica's parameters and optimizer state: snapshots for rollback, and the bytes a
+    live replica broadcasts to a rejoiner (any optimizer: its own `state_dict`)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.module, self.optimizer = module, optimizer
+
+    def snapshot(self) -> tuple[dict, dict]:
+        return (copy.deepcopy(self.module.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+
+    def restore(self, snap: tuple[dict, dict]) -> None:
+        self.module.load_state_dict(snap[0])
+        self.optimizer.load_state_dict(copy.deepcopy(snap[1]))
+
+    def to_bytes(self) -> Tensor:
+        buf = io.BytesIO()
+        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
+        return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+    def load_bytes(self, data: Tensor) -> None:
+        state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
