@@ -61,6 +61,9 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
                    help="longest wait for the plan precompute (default 120 s; later plans solve on demand)")
     t.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (default 600 s)")
     t.add_argument("--report", metavar="FILE", help="write iterations, failures and parameter norms as JSON")
+    t.add_argument("--check-exact", action="store_true",
+                   help="afterwards, train the same model without failures in this one process and say "
+                   "whether every iteration's loss is equal (relative 1e-5)")
     t.set_defaults(run=_cmd_train)
 
 
@@ -90,6 +93,10 @@ def _layout_options(parser: argparse.ArgumentParser, pipelines: int) -> None:
 
 def model_options(p: argparse.ArgumentParser) -> None:
     """The model and data options shared by every executor command."""
+    p.add_argument("--app", metavar="MODULE:ATTR",
+                   help="train your own model: a zero-argument factory returning build_stage, dataset, "
+                   "microbatch_size, loss and optimizer (contracts.md 'Training app'; e.g. "
+                   "examples.gpt:app). Without it, the built-in toy transformer below")
     p.add_argument("--layers", type=int, default=4, help="transformer blocks in the model (default 4)")
     p.add_argument("--width", type=int, default=32, help="hidden size (default 32)")
     p.add_argument("--heads", type=int, default=2, help="attention heads, must divide width (default 2)")
@@ -107,6 +114,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from executor.profile import profile_job
     from planner.spec import SpecError
 
+    if args.app:
+        return _profile_app(args)
     try:
         for name in ("pipelines", "stages", "microbatches"):
             if getattr(args, name) < 1:
@@ -120,14 +129,36 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except (ConfigError, SpecError, RuntimeError) as exc:
         print(f"recycle profile: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    return _write_spec(spec, args.output)
+
+
+def _profile_app(args: argparse.Namespace) -> int:
+    from executor.app import AppError, load_app, validate_app
+    from executor.app_profile import profile_app
+    from planner.spec import SpecError
+
+    try:
+        for name in ("pipelines", "stages", "microbatches", "reps"):
+            if getattr(args, name) < 1:
+                raise AppError(f"{name}: must be >= 1, got {getattr(args, name)}")
+        app = load_app(args.app)
+        validate_app(app, args.stages)
+        spec = profile_app(app, args.pipelines, args.stages, args.microbatches, args.reps, args.device)
+    except (AppError, SpecError, RuntimeError) as exc:
+        print(f"recycle profile: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    return _write_spec(spec, args.output)
+
+
+def _write_spec(spec: dict, output: str | None) -> int:
     text = json.dumps(spec, indent=2) + "\n"
-    if args.output:
+    if output:
         try:
-            Path(args.output).write_text(text)
+            Path(output).write_text(text)
         except OSError as exc:
-            print(f"recycle profile: error: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+            print(f"recycle profile: error: cannot write {output}: {exc.strerror}", file=sys.stderr)
             return EXIT_INPUT
-        print(f"wrote {args.output}", file=sys.stderr)
+        print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return EXIT_OK

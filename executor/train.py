@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ def _err(message: str) -> None:
     print(f"recycle train: error: {message}", file=sys.stderr)
 
 
-def _job_spec(args: argparse.Namespace, model, data) -> dict[str, Any]:
+def _job_spec(args: argparse.Namespace, model, data, app=None) -> dict[str, Any]:
     from executor.model import ConfigError
     from planner.spec import JobSpec
 
@@ -43,14 +44,19 @@ def _job_spec(args: argparse.Namespace, model, data) -> dict[str, Any]:
         return job.filled()
     import torch
 
-    from executor.profile import profile_job
-
     torch.set_num_threads(1)  # as each worker runs (WorkerSpec.threads)
     print(f"profiling the model on this machine ({args.reps} reps per figure) ...", file=sys.stderr)
+    if app is not None:
+        from executor.app_profile import profile_app
+
+        return profile_app(app, args.pipelines, args.stages, args.microbatches, args.reps)
+    from executor.profile import profile_job
+
     return profile_job(model, args.pipelines, args.stages, args.microbatches, data, args.reps)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from executor.app import AppError, load_app, validate_app
     from executor.cluster import LiveCluster, LiveRunError, check_faults, parse_kill, parse_rejoin
     from executor.data import DataConfig
     from executor.model import ConfigError, ModelConfig
@@ -65,13 +71,18 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"timeout: must be > 0, got {args.timeout}", "timeout")
         model = ModelConfig(layers=args.layers, width=args.width, heads=args.heads, vocab=args.vocab,
                             seq_len=args.seq_len, seed=args.seed)
-        model.stage_layers(args.stages)
+        app = None
+        if args.app:  # checked here, before any process starts
+            app = load_app(args.app)
+            validate_app(app, args.stages)
+        else:
+            model.stage_layers(args.stages)
         data = DataConfig(batch_size=args.batch_size, text_file=args.text_file)
         faults = [parse_kill(k) for k in args.kill]
         rejoins = [parse_rejoin(r) for r in args.rejoin]
         check_faults(args.pipelines, args.stages, args.iterations, faults, rejoins)
-        spec = _job_spec(args, model, data)
-    except (ConfigError, SpecError) as exc:
+        spec = _job_spec(args, model, data, app)
+    except (ConfigError, SpecError, AppError) as exc:
         _err(str(exc))
         return EXIT_INPUT
 
@@ -91,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"({op['done']}/{op['total']})", file=sys.stderr)
             cluster = LiveCluster(url, job_id, args.pipelines, args.stages, args.microbatches,
                                   args.iterations, model, data, faults=faults, rejoins=rejoins,
-                                  token=args.token, timeout_s=args.timeout)
+                                  token=args.token, timeout_s=args.timeout, app=args.app)
             run = _run_with_progress(cluster, args.iterations)
         except (ServiceError, LiveRunError) as exc:
             _err(str(exc))
@@ -100,6 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if service is not None:
                 service.stop()
     report = {
+        "pipelines": args.pipelines, "stages": args.stages, "microbatches": args.microbatches,
         "iterations": run.iterations,
         "failures": [{k: f[k] for k in ("worker", "iteration", "recovery_ms")} for f in run.failures],
         "stage_parameter_norms": run.stage_parameter_norms(),
@@ -107,6 +119,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "generations": run.generations,
         "job_id": job_id,
     }
+    if args.check_exact:
+        report["exactness"] = _compare_with_reference(args, run, model, data)
     print(render_table(report))
     if args.report:
         try:
@@ -116,6 +130,29 @@ def cmd_train(args: argparse.Namespace) -> int:
             return EXIT_INPUT
         print(f"wrote {args.report}", file=sys.stderr)
     return EXIT_OK
+
+
+def _compare_with_reference(args: argparse.Namespace, run, model, data) -> dict[str, Any]:
+    """Train the same model on the same global batches in this one process with no failure, and
+    compare every iteration's loss (relative tolerance 1e-5, fp32)."""
+    import torch
+
+    torch.set_num_threads(1)
+    print("training the same model without failures in one process, to compare ...", file=sys.stderr)
+    if args.app:
+        from executor.app import load_app
+        from executor.reference import train_reference_app
+
+        ref = train_reference_app(load_app(args.app), args.stages, args.pipelines, args.microbatches,
+                                  args.iterations)
+    else:
+        from executor.reference import train_reference
+
+        ref = train_reference(model, args.stages, args.pipelines, args.microbatches, args.iterations, data)
+    got = [r["loss"] for r in run.iterations]
+    worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref.losses, strict=True)), default=0.0)
+    return {"reference_losses": ref.losses, "max_relative_difference": worst,
+            "equal": len(got) == len(ref.losses) and worst <= 1e-5}
 
 
 def _run_with_progress(cluster, iterations: int):
@@ -128,12 +165,34 @@ def _run_with_progress(cluster, iterations: int):
         return cluster.run(progress=advance)
 
 
+def _events(report: dict[str, Any]) -> dict[int, list[str]]:
+    """Per iteration, the kills that landed in it and the rejoins that started with it."""
+    events: dict[int, list[str]] = {}
+    for f in report["failure_details"]:
+        events.setdefault(f["iteration"], []).append(f"worker {f['worker'][0]}:{f['worker'][1]} killed "
+                                                      f"({f['phase']})")
+    gens = report["generations"]
+    for prev, g in zip(gens, gens[1:], strict=False):
+        back = [w for w in prev["failed"] if w not in g["failed"]]
+        for w in back:
+            events.setdefault(g["restart"], []).append(f"worker {w[0]}:{w[1]} rejoined")
+    return events
+
+
 def render_table(report: dict[str, Any]) -> str:
-    lines = [f"{'iteration':>9}  {'loss':>9}  {'measured ms':>11}  {'predicted ms':>12}  {'generation':>10}"]
+    events = _events(report)
+    lines = ["workers are named P:S = pipeline:stage",
+             f"{'iteration':>9}  {'loss':>9}  {'measured ms':>11}  {'predicted ms':>12}  "
+             f"{'generation':>10}  event"]
     for r in report["iterations"]:
         predicted = f"{r['predicted_ms']:.2f}" if r["predicted_ms"] is not None else "-"
+        note = "; ".join(events.get(r["iteration"], []))
         lines.append(f"{r['iteration']:>9}  {r['loss']:>9.5f}  {r['iteration_ms']:>11.1f}  {predicted:>12}  "
-                     f"{r['generation']:>10}")
+                     f"{r['generation']:>10}  {note}".rstrip())
+    workers = report.get("pipelines", 0) * report.get("stages", 0)
+    if workers:
+        lines.append(f"measured vs predicted: the plan predicts from a profile of one process alone; here "
+                     f"{workers} worker processes share {os.cpu_count()} CPU cores, so measured is longer")
     if report["failure_details"]:
         head = f"{'failure':>9}  {'iteration':>9}  {'phase':>15}  {'detected ms':>11}  {'recovery ms':>11}"
         lines += ["", head]
@@ -146,4 +205,9 @@ def render_table(report: dict[str, Any]) -> str:
     lines += ["", f"stage parameter norms: {norms}"]
     lines += [f"generation {g['generation']}: failed {g['failed']}, started at iteration {g['restart']}"
               for g in report["generations"]]
+    exact = report.get("exactness")
+    if exact is not None:
+        lines.append(f"losses equal the failure-free run: {'yes' if exact['equal'] else 'no'} (max relative "
+                     f"difference {exact['max_relative_difference']:.1e} over "
+                     f"{len(exact['reference_losses'])} iterations, single-process reference)")
     return "\n".join(lines)

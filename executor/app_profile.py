@@ -1,0 +1,127 @@
+"""`recycle profile --app`: measure a training app's stages into the job spec the planner reads.
+
+Per stage, on micro-batch 0 (its input made by running the earlier stages): F, B and W of one
+micro-batch through the same `AppStageRunner` the workers use (median of `reps`), the optimizer
+step, and the activation memory one micro-batch holds from F to B (the distinct storages autograd
+saves, plus the outputs). The transfer and all-reduce figures come from loopback gloo
+(`executor.profile`). W keeps part of that memory until it runs; the spec leaves
+`activation_w_mb` at its default (= `activation_mb`), the conservative reading of rule 6.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from executor.app import TrainingApp, as_tuple, build_stage, call_stage
+from executor.app_stage import AppStageRunner, nbytes, signature_of
+from executor.comms import torch_device
+from executor.profile import allreduce_ms, p2p_ms
+from planner.spec import JobSpec
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _saved_mb(fn) -> tuple[Any, float]:
+    seen: dict[Any, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            seen[(storage.data_ptr(), t.device)] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values()) / 2**20
+
+
+def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, stages: int, x: Any,
+                      target: Any, reps: int, device: torch.device) -> dict[str, float]:
+    runner = AppStageRunner(module, app, stage, stages, 1.0)
+    times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    out_signature = None
+    saved_mb = 0.0
+    for i in range(reps + 1):
+        mb = (0, i)
+        _sync(device)
+        t0 = time.perf_counter()
+        out, saved_mb = _saved_mb(lambda: runner.forward(mb, x, target))  # noqa: B023
+        _sync(device)
+        t1 = time.perf_counter()
+        grads = None
+        if out is not None:
+            out_signature = signature_of(out)
+            grads = tuple(torch.ones_like(t) for t in out if t.dtype.is_floating_point)
+        _sync(device)
+        t2 = time.perf_counter()
+        runner.backward_input(mb, grads)
+        _sync(device)
+        t3 = time.perf_counter()
+        runner.backward_weight(mb)
+        _sync(device)
+        t4 = time.perf_counter()
+        if i:  # the first round warms up
+            times["F"].append(t1 - t0)
+            times["B"].append(t3 - t2)
+            times["W"].append(t4 - t3)
+    optimizer = app.optimizer(module.parameters())
+    step_times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        optimizer.step()
+        _sync(device)
+        step_times.append(time.perf_counter() - t0)
+    out_mb = nbytes(out_signature) / 2**20 if out_signature else 0.0
+    row = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    row["optimizer"] = statistics.median(step_times) * 1e3
+    row["activation_mb"] = saved_mb + out_mb
+    row["output_bytes"] = nbytes(out_signature) if out_signature else 0
+    return row
+
+
+def profile_app(app: TrainingApp, pipelines: int, stages: int, microbatches: int, reps: int = 5,
+                device: str = "cpu") -> dict[str, Any]:
+    """Measure every stage of `app` and return a contract job spec (checked by the planner)."""
+    if reps < 1:
+        raise ValueError(f"reps: must be >= 1, got {reps}")
+    dev = torch_device(device)
+    modules = [build_stage(app, s, stages).to(dev) for s in range(stages)]
+    x, target = app.microbatch(0, 0, pipelines * microbatches)
+    from executor.app_stage import to_device
+
+    x, target = to_device(x, dev), to_device(target, dev)
+    rows, value = [], x
+    for s, module in enumerate(modules):
+        stage_input = value if s == 0 else tuple(t.detach() for t in as_tuple(value))
+        rows.append(profile_app_stage(app, copy.deepcopy(module), s, stages, stage_input,
+                                      target if s == stages - 1 else None, reps, dev))
+        with torch.no_grad():
+            value = module(value) if s == 0 else call_stage(module, stage_input)
+        rows[-1]["allreduce"] = allreduce_ms(sum(p.numel() for p in module.parameters()), pipelines, reps)
+    largest = max(r["output_bytes"] for r in rows)
+    hop = p2p_ms(max(1, largest // 4), reps)
+
+    def per_stage(key: str) -> list[float]:
+        return [round(max(r[key], 1e-4), 4) for r in rows]
+
+    spec = {
+        "pipelines": pipelines, "stages": stages, "microbatches": microbatches,
+        "forward_ms": per_stage("F"), "backward_input_ms": per_stage("B"),
+        "backward_weight_ms": per_stage("W"), "p2p_ms": round(hop, 4),
+        "cross_pipeline_p2p_ms": round(hop, 4),
+        "allreduce_ms": [round(r["allreduce"], 4) for r in rows],
+        "optimizer_ms": per_stage("optimizer"),
+        "activation_mb": per_stage("activation_mb"),
+        "memory_limit_mb": None,
+    }
+    JobSpec.parse(spec)
+    return spec
