@@ -206,10 +206,6 @@ def profile_job(
         "optimizer_ms": per_stage("optimizer"),
         "activation_mb": [round(r["activation_mb"], 4) for r in rows],
         "memory_limit_mb": None,
-        "profile": {
-            "device": str(dev), "model": model.to_json(), "batch_size": data.batch_size, "reps": reps,
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-        },
     }
     JobSpec.parse(spec)  # the planner must accept what we write
     return spec

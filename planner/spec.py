@@ -23,6 +23,7 @@ _NON_NEGATIVE_FIELDS = (
     "allreduce_ms",
     "optimizer_ms",
     "activation_mb",
+    "activation_w_mb",
 )
 _POSITIVE_FIELDS = ("forward_ms", "backward_input_ms", "backward_weight_ms")
 
@@ -38,7 +39,9 @@ class SpecError(ValueError):
 class JobSpec(BaseModel):
     """A pipeline-parallel training job: D pipelines of S stages, M micro-batches per pipeline."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    # Unknown fields are an error (contracts.md): a typo such as `memory_limit_mbb` must not
+    # silently drop a limit.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     pipelines: Annotated[int, Field(ge=1, le=65536, description="Data-parallel degree D.")]
     stages: Annotated[int, Field(ge=1, le=4096, description="Pipeline depth S.")]
@@ -54,7 +57,11 @@ class JobSpec(BaseModel):
     )
     allreduce_ms: PerStage = Field(description="The stage's data-parallel gradient all-reduce.")
     optimizer_ms: PerStage = Field(description="The stage's optimizer step.")
-    activation_mb: PerStage = Field(description="Memory one micro-batch holds from F start to W end.")
+    activation_mb: PerStage = Field(description="Memory one micro-batch holds from its F start to its B end.")
+    activation_w_mb: PerStage | None = Field(
+        default=None, description="What it still holds from its B end to its W end (default activation_mb, "
+        "at most activation_mb)."
+    )
     memory_limit_mb: float | None = Field(
         default=None, description="Most memory any worker may hold at once (default S x max act)."
     )
@@ -79,6 +86,13 @@ class JobSpec(BaseModel):
                     raise ValueError(f"{where}: must be > 0, got {v}")
                 if v < 0:
                     raise ValueError(f"{where}: must be >= 0, got {v}")
+        if self.activation_w_mb is not None:
+            full = _per_stage(self.activation_mb, self.stages)
+            for i, (w, a) in enumerate(zip(_per_stage(self.activation_w_mb, self.stages), full, strict=True)):
+                if w > a:
+                    where = (f"activation_w_mb[{i}]" if isinstance(self.activation_w_mb, list)
+                             else "activation_w_mb")
+                    raise ValueError(f"{where}: must be at most activation_mb ({a}), got {w}")
         if self.memory_limit_mb is not None:
             limit = self.memory_limit_mb
             if not (limit == limit) or limit in (float("inf"), float("-inf")) or limit <= 0:
@@ -100,8 +114,14 @@ class JobSpec(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or None
+            # Drop pydantic's union-member tags ("float", "list[float]") from the location.
+            loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+            field = ".".join(str(p) for p in loc) or None
             msg = first["msg"].removeprefix("Value error, ")
+            if first["type"] == "extra_forbidden":
+                msg = "unknown field (the contract's job spec has no such field; check its spelling)"
+            elif first["type"].endswith(("_type", "_parsing")):
+                msg = f"{msg}, got {first['input']!r} (no conversion from strings or booleans)"
             raise SpecError(f"{field}: {msg}" if field and not msg.startswith(field) else msg,
                             field=field or _field_from_message(msg)) from None
 
@@ -115,6 +135,8 @@ class JobSpec(BaseModel):
         data = self.model_dump(mode="json")
         if data.get("cross_pipeline_p2p_ms") is None:
             data["cross_pipeline_p2p_ms"] = data["p2p_ms"]
+        if data.get("activation_w_mb") is None:
+            data["activation_w_mb"] = data["activation_mb"]
         if data.get("memory_limit_mb") is None:
             data["memory_limit_mb"] = self.costs.memory_limit_mb
         return data
@@ -126,6 +148,9 @@ class JobSpec(BaseModel):
 
     def workers(self) -> list[Worker]:
         return [(p, s) for p in range(self.pipelines) for s in range(self.stages)]
+
+
+_TYPE_TAGS = ("float", "int", "none", "list")
 
 
 def _field_from_message(msg: str) -> str | None:
@@ -155,6 +180,9 @@ class StageCosts:
     allreduce: tuple[float, ...]
     optimizer: tuple[float, ...]
     activation: tuple[float, ...]
+    """Held from a micro-batch's F start to its B end."""
+    activation_w: tuple[float, ...]
+    """Held from its B end to its W end (at most `activation`)."""
     memory_limit_mb: float
 
     @classmethod
@@ -172,6 +200,8 @@ class StageCosts:
             allreduce=_per_stage(job.allreduce_ms, s),
             optimizer=_per_stage(job.optimizer_ms, s),
             activation=activation,
+            activation_w=(_per_stage(job.activation_w_mb, s) if job.activation_w_mb is not None
+                          else activation),
             memory_limit_mb=float(limit),
         )
 

@@ -90,12 +90,7 @@ def _check_coverage(job, dead, where) -> list[str]:
                 if len(workers) != 1:
                     problems.append(f"rule 1: microbatch [{hp}, {m}] stage {s} split over {workers}")
                     continue
-                (q, _), = workers
-                if (hp, s) not in dead and q != hp:
-                    problems.append(
-                        f"rule 1: microbatch [{hp}, {m}] stage {s} moved to pipeline {q} "
-                        "though its home worker is alive"
-                    )
+                # Any alive same-stage peer may serve it, home alive or not (contracts.md rule 1).
     return problems
 
 
@@ -167,47 +162,44 @@ def _check_collectives(job, dead, ops, where) -> list[str]:
     return problems
 
 
-def _check_memory(job, ops) -> list[str]:
+def _memory_events(job: JobSpec, ops: Sequence[Op]) -> dict[Worker, list[tuple[float, int, float]]]:
+    """Per worker, (time, order, MB change): a micro-batch takes `activation_mb` at its F start,
+    gives back all but `activation_w_mb` at its B end and the rest at its W end (rule 6). At equal
+    times releases (order 0) sort before acquisitions (order 1)."""
     costs = job.costs
-    spans: dict[tuple, list[float]] = {}
-    for op in ops:
-        if op.kind == "F":
-            spans.setdefault((op.worker, op.microbatch), [0.0, 0.0])[0] = op.start_ms
-        elif op.kind == "W":
-            spans.setdefault((op.worker, op.microbatch), [0.0, 0.0])[1] = op.end_ms
     events: dict[Worker, list[tuple[float, int, float]]] = defaultdict(list)
-    for (worker, _), (start, end) in spans.items():
-        act = costs.activation[worker[1]]
-        events[worker].append((start, 1, act))
-        events[worker].append((end, 0, -act))  # release sorts before an acquire at the same time
-    problems = []
-    for worker, evs in events.items():
+    for op in ops:
+        stage = op.worker[1]
+        act, act_w = costs.activation[stage], costs.activation_w[stage]
+        if op.kind == "F":
+            events[op.worker].append((op.start_ms, 1, act))
+        elif op.kind == "B":
+            events[op.worker].append((op.end_ms, 0, act_w - act))
+        elif op.kind == "W":
+            events[op.worker].append((op.end_ms, 0, -act_w))
+    for evs in events.values():
         evs.sort()
+    return events
+
+
+def _check_memory(job, ops) -> list[str]:
+    limit = job.costs.memory_limit_mb
+    problems = []
+    for worker, evs in _memory_events(job, ops).items():
         held = 0.0
         for _, _, delta in evs:
             held += delta
-            if held > costs.memory_limit_mb + EPS:
-                problems.append(
-                    f"rule 6: worker {list(worker)} holds {held:g} MB > memory_limit_mb "
-                    f"{costs.memory_limit_mb:g}"
-                )
+            if held > limit + EPS:
+                problems.append(f"rule 6: worker {list(worker)} holds {held:g} MB > "
+                                f"memory_limit_mb {limit:g}")
                 break
     return problems
 
 
 def peak_memory(job: JobSpec, ops: Sequence[Op]) -> dict[Worker, float]:
-    """Peak activation memory held by each worker over the iteration (MB)."""
-    costs = job.costs
-    events: dict[Worker, list[tuple[float, int, float]]] = defaultdict(list)
-    for op in ops:
-        act = costs.activation[op.worker[1]]
-        if op.kind == "F":
-            events[op.worker].append((op.start_ms, 1, act))
-        elif op.kind == "W":
-            events[op.worker].append((op.end_ms, 0, -act))
+    """Peak activation memory held by each worker over the iteration (MB, rule 6's accounting)."""
     peaks = {}
-    for worker, evs in events.items():
-        evs.sort()
+    for worker, evs in _memory_events(job, ops).items():
         held = peak = 0.0
         for _, _, delta in evs:
             held += delta

@@ -24,6 +24,12 @@ from planner.spec import JobSpec, SpecError
         ({"stages": 0}, "stages", "greater than or equal to 1"),
         ({"microbatches": "many"}, "microbatches", "integer"),
         ({"forward_ms": None}, "forward_ms", "required"),
+        ({"memory_limit_mbb": 4.0}, "memory_limit_mbb", "unknown field"),
+        ({"pipelines": "3"}, "pipelines", "no conversion from strings"),
+        ({"pipelines": True}, "pipelines", "valid integer"),
+        ({"forward_ms": "10"}, "forward_ms", "valid number"),
+        ({"activation_w_mb": 2.0}, "activation_w_mb", "at most activation_mb"),
+        ({"activation_w_mb": [0.5, 1.5, 0.5]}, "activation_w_mb", "at most activation_mb"),
     ],
 )
 def test_bad_field_is_named(make_job, changes, field, words):
