@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the job spec here instead of stdout")
     p.set_defaults(run=cmd_profile)
     _register_train(subparsers)
+    from executor.worker_cmd import register as register_worker
+
+    register_worker(subparsers, _one_line_errors)
 
 
 def _register_train(subparsers: argparse._SubParsersAction) -> None:

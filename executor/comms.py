@@ -118,13 +118,20 @@ def torch_device(device: str, local_index: int = 0) -> torch.device:
     raise ValueError(f"device: must be 'cpu' or 'cuda', got {device!r}")
 
 
-def make_group(store: dist.Store, rank: int, size: int, timeout_s: float, device: str) -> dist.ProcessGroup:
-    """The backend for one group: gloo on CPU, NCCL on GPU (the one device switch)."""
+def make_group(store: dist.Store, rank: int, size: int, timeout_s: float, device: str,
+               bind_host: str | None = None) -> dist.ProcessGroup:
+    """The backend for one group: gloo on CPU, NCCL on GPU (the one device switch). `bind_host`:
+    the address gloo listens on and advertises (this node's address; default: the host name's)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if device == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, opts)
+    if bind_host:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host)]
+        return dist.ProcessGroupGloo(store, rank, size, opts)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
@@ -138,6 +145,7 @@ class GenerationGroups:
     def __init__(
         self, store: dist.Store, generation: int, alive: list[Worker], worker: Worker,
         timeouts: Timeouts, device: str, interrupt: threading.Event | None = None,
+        bind_host: str | None = None,
     ):
         if worker not in alive:
             raise ValueError(f"worker {list(worker)} is not in generation {generation}'s alive set")
@@ -150,7 +158,7 @@ class GenerationGroups:
         if len(self.alive) > 1:
             self.p2p = make_group(
                 dist.PrefixStore("p2p", prefix), self.rank_of[worker], len(self.alive),
-                timeouts.group_setup_s, device,
+                timeouts.group_setup_s, device, bind_host,
             )
         self.operation_timeout = datetime.timedelta(seconds=timeouts.operation_s)
         self.stage_members = [w for w in self.alive if w[1] == worker[1]]
@@ -158,16 +166,25 @@ class GenerationGroups:
         if len(self.stage_members) > 1:
             self.stage = make_group(
                 dist.PrefixStore(f"stage{worker[1]}", prefix), self.stage_members.index(worker),
-                len(self.stage_members), timeouts.group_setup_s, device,
+                len(self.stage_members), timeouts.group_setup_s, device, bind_host,
             )
 
     def send(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
         assert self.p2p is not None
-        return self.p2p.send([tensor], self.rank_of[peer], tag)
+        return self._post(lambda: self.p2p.send([tensor], self.rank_of[peer], tag), peer, "send")
 
     def recv(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
         assert self.p2p is not None
-        return self.p2p.recv([tensor], self.rank_of[peer], tag)
+        return self._post(lambda: self.p2p.recv([tensor], self.rank_of[peer], tag), peer, "receive")
+
+    def _post(self, fn: Callable[[], dist.Work], peer: Worker | None, what: str) -> dist.Work:
+        """Posting an operation can fail at once (gloo raises when the pair's connection is already
+        closed): that is the same lost peer as a failed wait, not a crash of this worker."""
+        try:
+            return fn()
+        except RuntimeError as exc:
+            who = f" with {list(peer)}" if peer is not None else ""
+            raise PeerLost(f"{what}{who} failed in generation {self.generation}: {exc}", peer) from exc
 
     def wait(self, work: dist.Work, peer: Worker | None = None, what: str = "operation") -> None:
         """Every wait is bounded by the operation timeout (raises instead of hanging), and with an
@@ -183,11 +200,13 @@ class GenerationGroups:
 
     def allreduce_sum(self, flat: torch.Tensor) -> None:
         if self.stage is not None:
-            self.wait(self.stage.allreduce([flat]), what=f"stage {self.stage_members[0][1]} all-reduce")
+            what = f"stage {self.stage_members[0][1]} all-reduce"
+            self.wait(self._post(lambda: self.stage.allreduce([flat]), None, what), what=what)
 
     def broadcast(self, flat: torch.Tensor, root: Worker) -> None:
         """Copy `flat` from `root` to every member of this worker's stage group."""
         if self.stage is not None:
             opts = dist.BroadcastOptions()
             opts.rootRank = self.stage_members.index(root)
-            self.wait(self.stage.broadcast([flat], opts), what="stage state broadcast")
+            what = "stage state broadcast"
+            self.wait(self._post(lambda: self.stage.broadcast([flat], opts), root, what), what=what)

@@ -147,7 +147,7 @@ class Daemon:
         gen_store = connect_store(spec.store_host, spec.store_port, self.timeouts.group_setup_s)
         groups = interruptible(
             lambda: GenerationGroups(gen_store, gen, alive, spec.worker, self.timeouts, spec.device,
-                                     interrupt),
+                                     interrupt, spec.bind_host),
             interrupt, f"generation {gen} group setup")
         if self.has_state:
             worker.rollback_to(restart)

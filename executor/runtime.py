@@ -71,8 +71,11 @@ class WorkerSpec:
     app: str | None = None
     """A training app `MODULE:ATTR` (contracts.md); None: the built-in model of `model`/`data`."""
     store_host: str = "127.0.0.1"
+    """Where the c10d rendezvous store listens (the launcher's, or `recycle rendezvous`'s)."""
     store_port: int = 0
     device: str = "cpu"
+    bind_host: str | None = None
+    """The address this worker's gloo connections use (its node's); None: the host name's."""
     threads: int = 1
     operation_timeout_s: float = 60.0
     group_setup_timeout_s: float = 120.0

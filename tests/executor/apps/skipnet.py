@@ -1,10 +1,12 @@
 """A training app written only for the tests, in plain torch.nn: tuple activations between stages
 (features, a skip tensor and integer labels carried along), SGD with momentum (not the built-in
 AdamW), a stage-1 parameter that only the loss sees through the last stage, and a dataset whose
-items are (input, target) pairs of plain tensors."""
+items are (input, target) pairs of plain tensors. SKIPNET_FORWARD_SLEEP_S slows stage 0's forward."""
 
 from __future__ import annotations
 
+import os
+import time
 from types import SimpleNamespace
 
 import torch
@@ -30,6 +32,8 @@ class First(nn.Module):
         self.inp = nn.Linear(6, 8)
 
     def forward(self, x):
+        # Live tests that must outlast a process start-up slow the model down (no effect on the math).
+        time.sleep(float(os.environ.get("SKIPNET_FORWARD_SLEEP_S", "0")))
         h = torch.tanh(self.inp(x))
         return h, x[:, :2].contiguous()
 

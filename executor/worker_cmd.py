@@ -1,0 +1,162 @@
+"""`recycle worker` (one process per GPU, on any node) and `recycle rendezvous` (the c10d store the
+workers of a job meet at, hosted by a process that outlives them).
+
+A worker learns its place from `--worker P:S`, or from the launcher's environment as torchrun sets
+it (`RANK`: pipeline RANK // S, stage RANK % S); the job's layout from the service; the store from
+`--store HOST:PORT`, else `RECYCLE_STORE`, else torchrun's `MASTER_ADDR:MASTER_PORT`; its bearer token
+from `RECYCLE_TOKEN` (never the command line, where `ps` shows it). It then runs the same daemon as
+`recycle train`'s local workers: membership over HTTP, live recovery, rejoin (`--rejoin`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 3
+
+
+class WorkerInputError(ValueError):
+    """A flag or environment value that cannot work; the message names it."""
+
+
+def parse_endpoint(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise WorkerInputError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def store_address(flag: str | None, env: dict[str, str]) -> tuple[str, int]:
+    if flag:
+        return parse_endpoint(flag, "--store")
+    if env.get("RECYCLE_STORE"):
+        return parse_endpoint(env["RECYCLE_STORE"], "RECYCLE_STORE")
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return parse_endpoint(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", "MASTER_ADDR:MASTER_PORT")
+    raise WorkerInputError("--store: no rendezvous store given (--store HOST:PORT, RECYCLE_STORE, or "
+                           "torchrun's MASTER_ADDR/MASTER_PORT); start one with `recycle rendezvous`")
+
+
+def place(flag: str | None, env: dict[str, str], pipelines: int, stages: int) -> tuple[int, int]:
+    """(pipeline, stage) from --worker, else from RANK (rank r = pipeline r // S, stage r % S)."""
+    if flag:
+        try:
+            p, s = (int(v) for v in flag.split(":"))
+        except ValueError:
+            raise WorkerInputError(f"--worker: expected P:S with integers, got {flag!r}") from None
+    elif "RANK" in env:
+        if not env["RANK"].isdigit():
+            raise WorkerInputError(f"RANK: expected a non-negative integer, got {env['RANK']!r}")
+        rank = int(env["RANK"])
+        world = env.get("WORLD_SIZE")
+        if world is not None and world.isdigit() and int(world) != pipelines * stages:
+            raise WorkerInputError(f"WORLD_SIZE: {world} processes, but the job has {pipelines} x {stages} "
+                                   f"= {pipelines * stages} workers")
+        p, s = divmod(rank, stages)
+    else:
+        raise WorkerInputError("--worker: give P:S, or start the process under torchrun (RANK)")
+    if not (0 <= p < pipelines and 0 <= s < stages):
+        raise WorkerInputError(f"--worker: {p}:{s} is outside the job's {pipelines} x {stages} workers")
+    return p, s
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from executor.app import AppError, load_app, validate_app
+    from executor.service import ServiceClient, ServiceError
+
+    env = dict(os.environ)
+    token = env.get("RECYCLE_TOKEN") or None
+    try:
+        if args.iterations < 1:
+            raise WorkerInputError(f"--iterations: must be >= 1, got {args.iterations}")
+        store_host, store_port = store_address(args.store, env)
+        client = ServiceClient(args.service, token)
+        job = client._request("GET", f"/v1/jobs/{args.job}", (200,)).json()["spec"]
+        client.close()
+        D, S, M = job["pipelines"], job["stages"], job["microbatches"]
+        worker = place(args.worker, env, D, S)
+        app = load_app(args.app)
+        validate_app(app, S)
+    except (WorkerInputError, AppError) as exc:
+        print(f"recycle worker: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except ServiceError as exc:
+        print(f"recycle worker: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    from executor.runtime import WorkerSpec, worker_main
+
+    spec = WorkerSpec(
+        worker=worker, pipelines=D, stages=S, microbatches=M, iterations=args.iterations, generation=0,
+        alive=[], stream={}, model={}, app=args.app, store_host=store_host, store_port=store_port,
+        device=args.device, bind_host=args.host, threads=args.threads,
+        operation_timeout_s=args.operation_timeout, group_setup_timeout_s=2 * args.operation_timeout,
+        service_url=args.service, job_id=args.job, service_token=token,
+        rejoin_at=0 if args.rejoin else None,
+    )
+    result = Path(args.report or f"{os.environ.get('TMPDIR', '/tmp')}/recycle-worker-{os.getpid()}.pt")
+    print(f"recycle worker {worker[0]}:{worker[1]} (pipeline:stage) of job {args.job}: store "
+          f"{store_host}:{store_port}, device {args.device}", file=sys.stderr, flush=True)
+    return worker_main(spec.to_json(), str(result))  # exits the process (live mode)
+
+
+def cmd_rendezvous(args: argparse.Namespace) -> int:
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+    except (RuntimeError, OSError) as exc:
+        print(f"recycle rendezvous: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    print(json.dumps({"store": f"{args.host}:{store.port}"}), flush=True)
+    stop: dict[str, Any] = {"now": False}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(now=True))
+    while not stop["now"]:
+        time.sleep(0.2)
+    return EXIT_OK
+
+
+def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
+    w = subparsers.add_parser(
+        "worker", help="One worker daemon (one per GPU) of a job served by `recycle serve`.",
+        description="Runs one worker of a job: pulls its instruction stream from the service, trains "
+        "the app's stage, survives peers' failures and rejoins after its own restart (--rejoin). The "
+        "bearer token comes from RECYCLE_TOKEN. Example: RECYCLE_TOKEN=... recycle worker --service "
+        "http://10.0.0.1:8000 --job JOB --app examples.gpt:app --worker 0:1 --store 10.0.0.1:29400",
+    )
+    one_line_errors(w, "worker")
+    w.add_argument("--service", required=True, metavar="URL", help="the plan service")
+    w.add_argument("--job", required=True, metavar="JOB_ID", help="the job's id at the service")
+    w.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the training app (contracts.md)")
+    w.add_argument("--worker", metavar="P:S", help="pipeline:stage (default: from RANK as torchrun sets it)")
+    w.add_argument("--store", metavar="HOST:PORT", help="the rendezvous store (default: RECYCLE_STORE or "
+                   "MASTER_ADDR:MASTER_PORT)")
+    w.add_argument("--host", metavar="ADDR", help="this node's address for the worker's connections "
+                   "(default: the host name's)")
+    w.add_argument("--iterations", "-N", type=int, default=8, help="training iterations (default 8)")
+    w.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    w.add_argument("--rejoin", action="store_true", help="this is a restarted worker: rejoin the job")
+    w.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    w.add_argument("--operation-timeout", type=float, default=60.0,
+                   help="bound on one send/receive/all-reduce, seconds (default 60)")
+    w.add_argument("--report", metavar="FILE", help="write this worker's results (torch.save) here")
+    w.set_defaults(run=cmd_worker)
+    r = subparsers.add_parser(
+        "rendezvous", help="Host the c10d store that a job's `recycle worker` processes meet at.",
+        description="Hosts a torch.distributed TCPStore until SIGTERM; prints its address as JSON. It "
+        "must outlive the workers. Example: recycle rendezvous --host 0.0.0.0 --port 29400",
+    )
+    one_line_errors(r, "rendezvous")
+    r.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    r.add_argument("--port", type=int, default=29400, help="port (default 29400; 0 picks a free one)")
+    r.set_defaults(run=cmd_rendezvous)
