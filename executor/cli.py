@@ -64,6 +64,9 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
                    help="longest wait for the plan precompute (default 120 s; later plans solve on demand)")
     t.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (default 600 s)")
     t.add_argument("--report", metavar="FILE", help="write iterations, failures and parameter norms as JSON")
+    from executor.worker_cmd import checkpoint_options
+
+    checkpoint_options(t)
     t.add_argument("--check-exact", action="store_true",
                    help="afterwards, train the same model without failures in this one process and say "
                    "whether every iteration's loss is equal (relative 1e-5)")

@@ -157,13 +157,16 @@ class LiveCluster:
                  optim: OptimConfig | None = None, faults: list[Fault] | None = None,
                  rejoins: list[Rejoin] | None = None, token: str | None = None, agent_reports: bool = True,
                  timeout_s: float = 300.0, operation_timeout_s: float = 60.0, threads: int = 1,
-                 app: str | None = None):
+                 app: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 resume: bool = False):
         self.service_url, self.job_id, self.token = service_url, job_id, token
         self.D, self.S, self.M, self.N = pipelines, stages, microbatches, iterations
         self.model, self.data, self.optim = model, data or DataConfig(), optim or OptimConfig()
         self.faults, self.rejoins = list(faults or []), list(rejoins or [])
         check_faults(pipelines, stages, iterations, self.faults, self.rejoins)
         self.app = app
+        self.checkpoint = {"checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
+                           "resume": resume}
         if app is None:
             model.stage_layers(stages)
         self.agent_reports, self.timeout_s = agent_reports, timeout_s
@@ -175,7 +178,8 @@ class LiveCluster:
         return WorkerSpec(
             worker=w, pipelines=self.D, stages=self.S, microbatches=self.M, iterations=self.N,
             generation=0, alive=[], stream={}, model=self.model.to_json(), data=self.data.__dict__,
-            app=self.app, optim=self.optim.to_json(), store_port=port, threads=self.threads,
+            app=self.app, **self.checkpoint, optim=self.optim.to_json(), store_port=port,
+            threads=self.threads,
             operation_timeout_s=self.operation_timeout_s,
             group_setup_timeout_s=max(2 * self.operation_timeout_s, 30.0),
             service_url=self.service_url, job_id=self.job_id, service_token=self.token, rejoin_at=rejoin_at,
@@ -317,28 +321,30 @@ class LiveCluster:
         for (_, s), out in outputs.items():
             if s == self.S - 1:
                 losses.update(out["loss_by_iteration"])
-        missing = [i for i in range(self.N) if i not in losses]
-        if missing:
+        # A resumed run starts at its checkpoint's step, not at iteration 0.
+        its = list(range(min(losses, default=0), self.N))
+        missing = [i for i in its if i not in losses]
+        if missing or not its:
             raise LiveRunError(f"no finished last-stage replica holds the loss of iterations {missing}")
-        ends, gens, predicted = [], [], []
-        for i in range(self.N):
+        ends, gens, predicted = {}, {}, {}
+        for i in its:
             recs = [out["records"][i] for out in outputs.values() if i in out["records"]]
             last = max(recs, key=lambda r: r["end_s"])
-            ends.append(last["end_s"])
-            gens.append(max(r["generation"] for r in recs))
-            predicted.append(last["predicted_ms"])
+            ends[i] = last["end_s"]
+            gens[i] = max(r["generation"] for r in recs)
+            predicted[i] = last["predicted_ms"]
         starts = [g["started_s"] for out in outputs.values() for g in out["generations"]]
-        iteration_ms = [(b - a) * 1e3 for a, b in zip([min(starts), *ends[:-1]], ends, strict=True)]
+        iteration_ms = {i: (ends[i] - (ends[i - 1] if i - 1 in ends else min(starts))) * 1e3 for i in its}
         iterations = [{"iteration": i, "loss": losses[i], "iteration_ms": round(iteration_ms[i], 3),
                        "predicted_ms": round(predicted[i], 3) if predicted[i] else None,
-                       "generation": gens[i]} for i in range(self.N)]
-        first_gen = [iteration_ms[i] for i in range(1, self.N) if gens[i] == gens[0]]
-        normal_ms = statistics.median(first_gen or iteration_ms)
+                       "generation": gens[i]} for i in its]
+        first_gen = [iteration_ms[i] for i in its[1:] if gens[i] == gens[its[0]]]
+        normal_ms = statistics.median(first_gen or iteration_ms.values())
         failures = []
         for f, t_fault in self.fired:
-            before = [gens[i] for i in range(self.N) if ends[i] < t_fault]
-            gen_at = max(before) if before else gens[0]
-            after = [ends[i] for i in range(self.N) if gens[i] > gen_at and ends[i] > t_fault]
+            before = [gens[i] for i in its if ends[i] < t_fault]
+            gen_at = max(before) if before else gens[its[0]]
+            after = [ends[i] for i in its if gens[i] > gen_at and ends[i] > t_fault]
             new_gen = [g for out in outputs.values() for g in out["generations"] if g["generation"] > gen_at]
             failures.append({
                 "worker": list(f.worker), "iteration": f.iteration, "phase": f.phase, "signal": f.signal,
@@ -350,5 +356,5 @@ class LiveCluster:
         generations = sorted({g["generation"]: {k: g[k] for k in fields}
                               for out in outputs.values() for g in out["generations"]}.values(),
                              key=lambda g: g["generation"])
-        return LiveRun(losses=[losses[i] for i in range(self.N)], stage_parameters=stage_parameters,
+        return LiveRun(losses=[losses[i] for i in its], stage_parameters=stage_parameters,
                        iterations=iterations, failures=failures, generations=generations)

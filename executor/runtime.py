@@ -75,6 +75,12 @@ class WorkerSpec:
     store_port: int = 0
     device: str = "cpu"
     bind_host: str | None = None
+    checkpoint_dir: str | None = None
+    """Write `torch.distributed.checkpoint` checkpoints here (executor.checkpoint)."""
+    checkpoint_every: int = 0
+    """... every this many iterations (0: never)."""
+    resume: bool = False
+    """Start from the newest complete checkpoint in `checkpoint_dir`."""
     """The address this worker's gloo connections use (its node's); None: the host name's."""
     threads: int = 1
     operation_timeout_s: float = 60.0
@@ -142,6 +148,14 @@ class Worker:
             self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
         self.completed = 0
         """Optimizer steps taken: the replica holds the state after iterations 0..completed-1."""
+        self.checkpoints = None
+        if spec.checkpoint_dir:
+            from executor.checkpoint import CheckpointWriter, latest_complete, load_stage
+
+            self.checkpoints = CheckpointWriter(spec.checkpoint_dir, self.s, spec.stages)
+            newest = latest_complete(spec.checkpoint_dir) if spec.resume else None
+            if newest is not None:
+                self.completed = load_stage(newest[1], self.s, self.module, self.optimizer)
         self.losses: dict[int, float] = {}
         self.records: dict[int, dict[str, float]] = {}
         """Per finished iteration: wall-clock end, generation and the plan's predicted ms."""
@@ -240,6 +254,11 @@ class Worker:
                 del self._snapshots[k]
         self.optimizer.step()
         self.completed = iteration + 1
+        every = self.spec.checkpoint_every
+        # One replica per stage writes: the lowest alive one of this generation.
+        writer = self.groups is None or self.groups.stage_members[0] == self.spec.worker
+        if self.checkpoints is not None and every > 0 and self.completed % every == 0 and writer:
+            self.checkpoints.save(self.completed, self.module, self.optimizer)
 
     # ------------------------------------------------------------------------------ iteration
     def _tag(self, iteration: int, ins: Instruction) -> int:
@@ -400,6 +419,8 @@ class Worker:
             self.losses[iteration] = float(flat[-1])
 
     def results(self) -> dict[str, Any]:
+        if self.checkpoints is not None:
+            self.checkpoints.flush()
         done = sorted(self.records)
         return {
             "worker": list(self.spec.worker),

@@ -61,6 +61,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from executor.data import DataConfig
     from executor.model import ConfigError, ModelConfig
     from executor.service import LocalService, ServiceClient, ServiceError
+    from executor.worker_cmd import WorkerInputError, check_checkpoint_options
     from planner.spec import SpecError
 
     try:
@@ -81,8 +82,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         faults = [parse_kill(k) for k in args.kill]
         rejoins = [parse_rejoin(r) for r in args.rejoin]
         check_faults(args.pipelines, args.stages, args.iterations, faults, rejoins)
+        check_checkpoint_options(args)
         spec = _job_spec(args, model, data, app)
-    except (ConfigError, SpecError, AppError) as exc:
+    except (ConfigError, SpecError, AppError, WorkerInputError) as exc:
         _err(str(exc))
         return EXIT_INPUT
 
@@ -102,7 +104,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"({op['done']}/{op['total']})", file=sys.stderr)
             cluster = LiveCluster(url, job_id, args.pipelines, args.stages, args.microbatches,
                                   args.iterations, model, data, faults=faults, rejoins=rejoins,
-                                  token=args.token, timeout_s=args.timeout, app=args.app)
+                                  token=args.token, timeout_s=args.timeout, app=args.app,
+                                  checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                                  resume=args.resume)
             run = _run_with_progress(cluster, args.iterations)
         except (ServiceError, LiveRunError) as exc:
             _err(str(exc))

@@ -76,6 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         if args.iterations < 1:
             raise WorkerInputError(f"--iterations: must be >= 1, got {args.iterations}")
+        check_checkpoint_options(args)
         store_host, store_port = store_address(args.store, env)
         client = ServiceClient(args.service, token)
         job = client._request("GET", f"/v1/jobs/{args.job}", (200,)).json()["spec"]
@@ -98,7 +99,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         device=args.device, bind_host=args.host, threads=args.threads,
         operation_timeout_s=args.operation_timeout, group_setup_timeout_s=2 * args.operation_timeout,
         service_url=args.service, job_id=args.job, service_token=token,
-        rejoin_at=0 if args.rejoin else None,
+        rejoin_at=0 if args.rejoin else None, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
     )
     result = Path(args.report or f"{os.environ.get('TMPDIR', '/tmp')}/recycle-worker-{os.getpid()}.pt")
     print(f"recycle worker {worker[0]}:{worker[1]} (pipeline:stage) of job {args.job}: store "
@@ -126,6 +128,24 @@ def cmd_rendezvous(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def checkpoint_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="write torch.distributed.checkpoint directories "
+                   "DIR/step-K (keys stages.S.NAME; one replica per stage writes)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="checkpoint every N iterations (default 0: never)")
+    p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint in "
+                   "--checkpoint-dir")
+
+
+def check_checkpoint_options(args: argparse.Namespace) -> None:
+    if args.checkpoint_every < 0:
+        raise WorkerInputError(f"--checkpoint-every: must be >= 0, got {args.checkpoint_every}")
+    if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
+        raise WorkerInputError("--checkpoint-dir: needed by --checkpoint-every and --resume")
+    if args.checkpoint_dir and Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
+        raise WorkerInputError(f"--checkpoint-dir: {args.checkpoint_dir} is not a directory")
+
+
 def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
     w = subparsers.add_parser(
         "worker", help="One worker daemon (one per GPU) of a job served by `recycle serve`.",
@@ -150,6 +170,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
     w.add_argument("--operation-timeout", type=float, default=60.0,
                    help="bound on one send/receive/all-reduce, seconds (default 60)")
     w.add_argument("--report", metavar="FILE", help="write this worker's results (torch.save) here")
+    checkpoint_options(w)
     w.set_defaults(run=cmd_worker)
     r = subparsers.add_parser(
         "rendezvous", help="Host the c10d store that a job's `recycle worker` processes meet at.",

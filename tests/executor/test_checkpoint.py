@@ -1,0 +1,96 @@
+"""Checkpoints (contracts.md: `DIR/step-{k}`, keys `stages.{s}.{name}`): the newest complete one is
+never a half-written directory, a live run with a kill and a rejoin leaves checkpoints whose
+parameters (read back in one process, no process group) equal single-process training at the same
+iteration, and a run resumed from one continues exactly as the uninterrupted run."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from executor.app import build_stage, load_app
+from executor.checkpoint import CheckpointWriter, latest_complete, load_parameters, load_stage
+from executor.cluster import Fault, LiveCluster, Rejoin
+from executor.local import uniform_job
+from executor.model import ModelConfig
+from executor.reference import train_reference_app
+from executor.service import LocalService, ServiceClient
+
+APP = "tests.executor.apps.skipnet:app"
+warnings.filterwarnings("ignore", message=".*torch.distributed.*")
+
+
+def test_only_finished_checkpoints_count(tmp_path):
+    app = load_app(APP)
+    modules = [build_stage(app, s, 2) for s in range(2)]
+    optimizers = [app.optimizer(m.parameters()) for m in modules]
+    writers = [CheckpointWriter(tmp_path, s, 2) for s in range(2)]
+    for s in (1, 0):
+        writers[s].save(3, modules[s], optimizers[s])
+    for w in writers:
+        w.flush(60)
+    assert [w.errors for w in writers] == [[], []]
+    # Leftovers of crashed writes: a half-written DCP dir, an unassembled step, a step without metadata.
+    (tmp_path / ".step-9.tmp").mkdir()
+    (tmp_path / ".step-8.parts").mkdir()
+    (tmp_path / "step-7").mkdir()
+    assert latest_complete(tmp_path) == (3, tmp_path / "step-3")
+    names = {f"stages.{s}.{k}" for s in range(2) for k in modules[s].state_dict()}
+    got = load_parameters(tmp_path / "step-3", {n: torch.zeros(1) for n in ()} | {
+        f"stages.{s}.{k}": v for s in range(2) for k, v in modules[s].state_dict().items()})
+    assert set(got) == names
+    fresh = build_stage(app, 1, 2)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)
+    assert load_stage(tmp_path / "step-3", 1, fresh, app.optimizer(fresh.parameters())) == 3
+    for k, v in modules[1].state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    svc = LocalService(tmp_path_factory.mktemp("service"),
+                       {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2"})
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def _cluster(service, iterations, checkpoints, faults=(), rejoins=(), resume=False):
+    client = ServiceClient(service.url)
+    job = client.create_job(uniform_job(2, 2, 2).filled())
+    client.precompute(job, len(faults), timeout_s=60)
+    return LiveCluster(service.url, job, 2, 2, 2, iterations, ModelConfig(), faults=list(faults),
+                       rejoins=list(rejoins), timeout_s=240, operation_timeout_s=30, app=APP,
+                       checkpoint_dir=str(checkpoints), checkpoint_every=2, resume=resume)
+
+
+def _assert_close(got: dict, want: dict):
+    for name, t in want.items():
+        rel = float((got[name] - t).norm() / t.norm())
+        assert rel <= 1e-5, f"{name}: relative difference {rel}"
+
+
+@pytest.mark.slow
+def test_live_checkpoints_equal_single_process_training_and_resume_continues_exactly(service, tmp_path):
+    torch.set_num_threads(1)
+    ref = train_reference_app(load_app(APP), 2, 2, 2, 8)
+    first = _cluster(service, 6, tmp_path, [Fault((1, 1), 3, "backward_weight")], [Rejoin((1, 1), 5)]).run()
+    assert [g["failed"] for g in first.generations] == [[], [[1, 1]], []]
+    assert latest_complete(tmp_path)[0] == 6
+    at4 = train_reference_app(load_app(APP), 2, 2, 2, 4)
+    for step, want in ((4, at4), (6, train_reference_app(load_app(APP), 2, 2, 2, 6))):
+        template = {f"stages.{s}.{k}": v for s, params in enumerate(want.stage_parameters)
+                    for k, v in params.items()}
+        got = load_parameters(tmp_path / f"step-{step}", template)
+        _assert_close(got, template)
+    assert at4.losses == ref.losses[:4]
+    resumed = _cluster(service, 8, tmp_path, resume=True).run()
+    assert [r["iteration"] for r in resumed.iterations] == [6, 7]
+    for got, want in zip([r["loss"] for r in resumed.iterations], ref.losses[6:], strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    for s in range(2):
+        _assert_close(resumed.stage_parameters[s], ref.stage_parameters[s])
