@@ -27,8 +27,10 @@ class Routing:
             for s in range(job.stages):
                 if (p, s) not in dead:
                     self.load[p][s] = job.microbatches
-        for (_, _, s), q in moved.items():
+        for (home, _, s), q in moved.items():
             self.load[q][s] += 1
+            if (home, s) not in dead:  # a dissolved pipeline's alive worker gives its work away
+                self.load[home][s] -= 1
 
     def executor(self, home: int, m: int, s: int) -> int:
         return self._moved.get((home, m, s), home)
@@ -65,5 +67,30 @@ def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) 
                     if quota[q] > 0:
                         break
                 quota[q] -= 1
+                moved[(home, m, s)] = q
+    return Routing(job, tuple(sorted(failed)), moved)
+
+
+def dissolving_routing(job: JobSpec, failed: tuple[Worker, ...]) -> Routing | None:
+    """Every micro-batch of a damaged pipeline (one with any failed worker), at every stage, goes to
+    the undamaged pipelines, balanced and dealt in index order: the plan of simply dropping the
+    damaged pipelines with the global batch kept. Rule 1 allows it (any same-stage peer may serve
+    any micro-batch); None when every pipeline is damaged."""
+    damaged = sorted({p for p, _ in failed})
+    healthy = [p for p in range(job.pipelines) if p not in damaged]
+    if not damaged or not healthy:
+        return None
+    base, extra = divmod(job.pipelines * job.microbatches, len(healthy))
+    moved: dict[tuple[int, int, int], int] = {}
+    for s in range(job.stages):
+        quota = {p: base + (1 if i < extra else 0) - job.microbatches for i, p in enumerate(healthy)}
+        cursor = 0
+        for m in range(job.microbatches):
+            for home in damaged:
+                while quota[healthy[cursor % len(healthy)]] <= 0:
+                    cursor += 1
+                q = healthy[cursor % len(healthy)]
+                quota[q] -= 1
+                cursor += 1
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)

@@ -16,9 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 from planner.bounds import lower_bound
+from planner.dropping import dropped_job, relabel_dropped
 from planner.failures import CanonicalFailure, normalize
 from planner.heuristic import Policy, list_schedule
-from planner.routing import Routing, balanced_routing
+from planner.routing import Routing, balanced_routing, dissolving_routing
 from planner.simulator import ReplayError, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
@@ -142,6 +143,18 @@ def best_heuristic(
     if not big:
         for policy in SWEEP_POLICIES:
             if consider(sweep_schedule(job, routing(0), policy), policy.name):
+                return best
+    dissolved = dissolving_routing(job, failed) if failed else None
+    if dissolved is not None:
+        # Dissolving the damaged pipelines into the others is always a candidate, so a plan is
+        # never slower than dropping them (with the same scheduler).
+        for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
+            if consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
+                return best
+        dropped = dropped_job(job, failed) if not big else None
+        if dropped is not None:
+            dropped_ops = best_heuristic(dropped, (), 0.0, budget_s / 4)[0]
+            if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
