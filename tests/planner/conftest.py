@@ -63,6 +63,17 @@ def failed_plan(small_job):
 
 
 @pytest.fixture(scope="session")
+def rerouted_ops(small_job):
+    """Only worker [0, 1]'s micro-batches re-routed to its peers (the planner itself may prefer to
+    dissolve pipeline 0): a valid plan whose hops cross pipelines, for breaking rules on."""
+    from planner.routing import balanced_routing
+    from planner.solve import SWEEP_POLICIES
+    from planner.sweep import sweep_schedule
+
+    return sweep_schedule(small_job, balanced_routing(small_job, ((0, 1),)), SWEEP_POLICIES[0])
+
+
+@pytest.fixture(scope="session")
 def fault_free_plan(small_job):
     from planner.solve import plan
 

@@ -1,7 +1,7 @@
 """Each of the contract's six validity rules, broken one at a time on a valid plan.
 
-The plan is the heuristic's for a 3 x 3 x 4 job with worker [0, 1] failed, so it has re-routed
-micro-batches and cross-pipeline hops (p2p 0.5 ms, cross-pipeline 2.0 ms).
+The plan is a sweep schedule of a 3 x 3 x 4 job with worker [0, 1] failed and only its micro-batches
+re-routed, so it has cross-pipeline hops (p2p 0.5 ms, cross-pipeline 2.0 ms).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def rules(violations) -> set[str]:
 
 
 @pytest.fixture
-def ops(failed_plan, copy_ops):
-    return copy_ops(failed_plan.ops)
+def ops(rerouted_ops, copy_ops):
+    return copy_ops(rerouted_ops)
 
 
 def test_the_unbroken_plan_is_valid(small_job, ops):
