@@ -20,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
     from api.main import create_app
     from api.settings import Settings
@@ -29,8 +30,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
         settings.check()
+        _check_reachable(settings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "settings"
+        flag = f"--{name.replace('_', '-')}" if name in overrides else f"RECYCLE_{name.upper()}"
+        print(f"recycle serve: error: {flag}: {first['msg']}, got {first.get('input')!r}", file=sys.stderr)
+        return 2
     except ValueError as exc:
-        print(f"recycle serve: {exc}", file=sys.stderr)
+        print(f"recycle serve: error: {exc}", file=sys.stderr)
         return 2
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
         print(f"recycle serve: warning: listening on {settings.host} without RECYCLE_API_TOKEN",
@@ -42,6 +50,35 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 0
+
+
+def _check_reachable(settings) -> None:
+    """Fail before uvicorn starts, in one line: a database URL that cannot be used, a port taken."""
+    import socket
+
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+    try:
+        url = make_url(settings.database_url)
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ValueError(f"--database-url: cannot use {settings.database_url!r}: {exc}") from None
+    except SQLAlchemyError as exc:
+        reason = " ".join(str(exc.orig if getattr(exc, "orig", None) else exc).split())[:200]
+        raise ValueError(f"--database-url: cannot connect to {settings.database_url!r}: {reason}") from None
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise ValueError(f"--host/--port: cannot listen on {settings.host}:{settings.port}: "
+                             f"{exc.strerror}") from None
 
 
 if __name__ == "__main__":  # `python -m api.cli` runs the service without the recycle dispatcher

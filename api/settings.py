@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_TOKEN_CHARS = 16
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECYCLE_", extra="ignore")
@@ -40,7 +42,13 @@ class Settings(BaseSettings):
     access_log: bool = Field(default=True, description="One structured log line per request.")
 
     def check(self) -> None:
-        """Refuse settings that make the coordinator's timeouts contradict each other."""
+        """Refuse settings that make the coordinator's timeouts contradict each other, and a token
+        that would silently switch authentication off or be guessable."""
+        if self.api_token is not None and len(self.api_token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"RECYCLE_API_TOKEN: must be at least {MIN_TOKEN_CHARS} characters when set (an empty one "
+                "would switch authentication off); unset it to run without authentication"
+            )
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "RECYCLE_HEARTBEAT_TIMEOUT_S must exceed RECYCLE_HEARTBEAT_INTERVAL_S "

@@ -16,12 +16,22 @@ import sys
 _PARTS = ("planner.cli", "api.cli", "executor.cli", "planner.evaluation.cli")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("recycle")
+    except PackageNotFoundError:  # run from a source tree without an install
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recycle",
         description="Keep pipeline-parallel training at full speed when workers fail: plan, serve, "
         "train and evaluate bubble-filling schedules.",
     )
+    parser.add_argument("--version", action="version", version=f"recycle {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _PARTS:
         try:

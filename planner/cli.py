@@ -289,6 +289,9 @@ def load_timeline(path: str):
     data = load_json(path, "plan")
     if not isinstance(data, dict):
         raise CliError(f"plan {path}: expected a JSON object (recycle.timeline/v1)")
+    if "ops" not in data and {"pipelines", "stages", "microbatches"} <= data.keys():
+        raise CliError(f"plan {path}: this is a job spec, not a plan timeline; plan it first: "
+                       f"recycle plan {path} [--fail P:S ...] -o plan.json, then recycle simulate plan.json")
     try:
         timeline = Timeline.model_validate(data)
     except ValidationError as exc:

@@ -4,7 +4,6 @@ timeline (contract JSON), Chrome trace, Gantt PNG, and one worker's instruction 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from typing import Annotated, Any
 
@@ -13,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import JobDep, ServicesDep
 from api.materials import parse_failed_key
-from api.problems import Problem, ProblemDocument
+from api.problems import ProblemDocument
 from api.schemas import PlanRequest, PlanSummary
 from api.solver import in_thread
 from api.store import JobRow, PlanRow
@@ -71,27 +70,20 @@ async def get_timeline(plan_id: PlanId, job: JobDep, services: ServicesDep) -> R
     return Response(material.timeline_bytes, media_type="application/json")
 
 
-def _export(module: str, name: str):
-    """A planner export, imported lazily: the exports may land after the service does."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise Problem(501, f"this build has no {module}.{name} yet; the export is not available") from None
-
-
-@router.get("/{plan_id}/chrome-trace", response_model=dict[str, Any],
-            responses={501: {"model": ProblemDocument}})
+@router.get("/{plan_id}/chrome-trace", response_model=dict[str, Any])
 async def get_chrome_trace(plan_id: PlanId, job: JobDep, services: ServicesDep) -> Response:
-    chrome_trace = _export("planner.export.chrome", "chrome_trace")
+    from planner.export.chrome import chrome_trace  # matplotlib-free, but only loaded when asked
+
     material = await services.plans.material(job, await services.plans.get(job, plan_id))
     body = await in_thread(lambda: json.dumps(chrome_trace(material.doc)).encode())
     return Response(body, media_type="application/json")
 
 
 @router.get("/{plan_id}/gantt.png", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}, 501: {"model": ProblemDocument}})
+            responses={200: {"content": {"image/png": {}}}})
 async def get_gantt(plan_id: PlanId, job: JobDep, services: ServicesDep) -> Response:
-    gantt_png = _export("planner.export.gantt", "gantt_png")
+    from planner.export.gantt import gantt_png  # loads matplotlib: only when a chart is asked for
+
     material = await services.plans.material(job, await services.plans.get(job, plan_id))
     return Response(await in_thread(gantt_png, material.doc), media_type="image/png")
 

@@ -82,7 +82,8 @@ def test_precompute_refuses_too_many_classes(tmp_path):
 
 
 def test_bearer_token_guards_everything_but_healthz(tmp_path):
-    server = Server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "log", RECYCLE_API_TOKEN="s3cret-token")
+    server = Server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "log",
+                    RECYCLE_API_TOKEN="s3cret-token-abcdefgh")
     server.start()
     try:
         with server.client() as anonymous:
@@ -92,8 +93,29 @@ def test_bearer_token_guards_everything_but_healthz(tmp_path):
                 r = anonymous.request(method, path, json=small_job())
                 problem(r, 401)
                 assert r.headers["www-authenticate"] == "Bearer"
-            problem(anonymous.get("/v1/jobs", headers={"Authorization": "Bearer s3cret-tokeX"}), 401)
-        with server.client(headers={"Authorization": "Bearer s3cret-token"}) as c:
+            problem(anonymous.get("/v1/jobs", headers={"Authorization": "Bearer s3cret-token-abcdefgX"}), 401)
+        with server.client(headers={"Authorization": "Bearer s3cret-token-abcdefgh"}) as c:
             assert c.get("/v1/jobs").status_code == 200 and c.get("/metrics").status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("args", "env", "words"), [
+    (["--port", "99999"], {}, "--port: Input should be less than or equal to 65535"),
+    (["--database-url", "nosuch://x"], {}, "--database-url: cannot use 'nosuch://x'"),
+    (["--database-url", "sqlite:////nonexistent-dir/x.db"], {}, "--database-url: cannot connect"),
+    (["--host", "192.0.2.1"], {}, "--host/--port: cannot listen on 192.0.2.1"),
+    ([], {"RECYCLE_API_TOKEN": ""}, "RECYCLE_API_TOKEN: must be at least 16 characters"),
+    ([], {"RECYCLE_API_TOKEN": "short"}, "RECYCLE_API_TOKEN: must be at least 16 characters"),
+])
+def test_serve_refuses_bad_settings_in_one_line_with_exit_2(tmp_path, args, env, words):
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", *args], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, **env,
+                                                         "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

