@@ -231,6 +231,7 @@ def replay(
     ends: list[float] = []
     increments: list[np.ndarray] = []
     converged = False
+    cycle = 0
     prev_worker_end = np.zeros(len(g.workers))
     for i in range(iterations):
         duration = g.duration
@@ -242,14 +243,18 @@ def replay(
         increments.append(worker_end - prev_worker_end)
         prev_worker_end = worker_end
         ready = worker_end
-        if jitter == 0 and i >= 2 and _settled(increments):
-            converged = True
-            break
+        if jitter == 0 and i >= 2:
+            cycle = settled_cycle(increments)
+            if cycle:
+                converged = True
+                break
     if jitter > 0 or not converged:
         half = max(1, len(ends) // 2)
         period = (ends[-1] - ends[half - 1]) / (len(ends) - half) if len(ends) > half else ends[-1]
     else:
-        period = ends[-1] - ends[-2]
+        # A steady state that repeats every `cycle` iterations (lengths alternating, say) has the
+        # mean of those lengths as its period, not the last one.
+        period = (ends[-1] - ends[-1 - cycle]) / cycle
     busy: dict[Worker, float] = defaultdict(float)
     for op in g.ops:
         busy[op.worker] += op.end_ms - op.start_ms
@@ -257,13 +262,21 @@ def replay(
     return ReplayReport(period, len(ends), converged or jitter > 0, dict(busy), idle, ends)
 
 
-def _settled(increments: list[np.ndarray]) -> bool:
-    """Every worker's per-iteration increment equals the previous one (cyclicity 1 or 2)."""
-    a, b, c = increments[-1], increments[-2], increments[-3]
-    if np.allclose(a, b, atol=1e-7, rtol=0) and np.allclose(a, a.mean(), atol=1e-7, rtol=0):
-        return True
-    return len(increments) >= 5 and np.allclose(a + b, c + increments[-4], atol=1e-7, rtol=0) and \
-        np.allclose(a + b, (a + b).mean(), atol=1e-7, rtol=0)
+MAX_CYCLE = 4
+
+
+def settled_cycle(increments: list[np.ndarray]) -> int:
+    """The smallest c <= MAX_CYCLE such that every worker's advance over the last c iterations
+    equals its advance over the c before, and all workers advance alike (the replay repeats every c
+    iterations); 0 while it has not settled. `increments[i]` is each worker's end advance in i."""
+    for c in range(1, MAX_CYCLE + 1):
+        if len(increments) < 2 * c + 1:
+            break
+        last = np.sum(increments[-c:], axis=0)
+        before = np.sum(increments[-2 * c:-c], axis=0)
+        if np.allclose(last, before, atol=1e-7, rtol=0) and np.allclose(last, last.mean(), atol=1e-7, rtol=0):
+            return c
+    return 0
 
 
 @dataclass

@@ -107,3 +107,22 @@ def test_deadlocking_order_raises(two_stage_job):
 def test_empty_plan_raises(two_stage_job):
     with pytest.raises(ReplayError):
         replay(two_stage_job, [])
+
+
+def test_alternating_steady_state_reports_the_mean_period():
+    import numpy as np
+
+    from planner.simulator import settled_cycle
+
+    # Two workers whose iterations alternate 10 ms and 12 ms (worked by hand): the steady state
+    # repeats every 2 iterations and the period is their mean, 11 ms, not the last length.
+    lengths = [14.0, 10.0, 12.0, 10.0, 12.0, 10.0, 12.0]
+    increments = [np.array([x, x]) for x in lengths]
+    assert settled_cycle(increments[:3]) == 0
+    assert settled_cycle(increments) == 2
+    ends = np.cumsum(lengths)
+    cycle = settled_cycle(increments)
+    assert (ends[-1] - ends[-1 - cycle]) / cycle == 11.0
+    # A steady length-1 state is cycle 1; workers advancing unequally have not settled.
+    assert settled_cycle([np.array([5.0, 5.0])] * 3) == 1
+    assert settled_cycle([np.array([5.0, 6.0])] * 9) == 0
