@@ -1,0 +1,61 @@
+"""The dependency rules of docs/design.md, enforced: every import in every package's source files
+(read with `ast`, so a forbidden import fails here even if no test executes that line), plus the
+planner starting without torch or the web stack loaded."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WEB = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "httptools", "uvloop", "psycopg"}
+FORBIDDEN = {
+    "planner": {"api", "executor", "cli", "torch", "evaluation"} | WEB,
+    "api": {"torch", "executor", "evaluation"},
+    "executor": {"api", "evaluation"} | WEB - {"httpx"},
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def violations(package: str, forbidden: set[str]) -> list[str]:
+    found = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        bad = imported_roots(path) & forbidden
+        if bad:
+            found.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_only_what_the_layout_allows(package):
+    assert violations(package, FORBIDDEN[package]) == []
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "planner" / "leak.py").write_text("def f():\n    import torch.nn as nn\n    return nn\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert violations("planner", FORBIDDEN["planner"]) == ["planner/leak.py imports ['torch']"]
+
+
+def test_planning_loads_neither_torch_nor_the_web_stack():
+    code = ("import sys, planner.solve, planner.validate, planner.simulator, planner.instructions;"
+            "heavy = sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'sqlalchemy') if m in sys.modules);"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
