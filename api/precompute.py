@@ -15,21 +15,18 @@ from api.materials import failed_key
 from api.problems import Problem
 from api.solver import Solver, in_thread
 from api.store import JobRow, Store
-from planner.failures import enumerate_failure_classes
+from planner.failures import TooManyClasses, enumerate_failure_classes
 from planner.spec import JobSpec, Worker
 
 log = logs.get("precompute")
 
 
 def failure_classes(job: JobSpec, max_failures: int, cap: int) -> list[tuple[Worker, ...]]:
-    classes = []
-    for cls in enumerate_failure_classes(job, max_failures):
-        classes.append(cls)
-        if len(classes) > cap:
-            raise Problem(422, f"max_failures: {max_failures} gives more than {cap} failure classes for a "
-                          f"{job.pipelines} x {job.stages} job (RECYCLE_MAX_PRECOMPUTE_CLASSES); "
-                          "ask for fewer failures", field="max_failures")
-    return classes
+    """Bounded before allocation (planner.failures checks the count arithmetically first)."""
+    try:
+        return list(enumerate_failure_classes(job, max_failures, max_classes=cap))
+    except TooManyClasses as exc:
+        raise Problem(422, f"{exc} (RECYCLE_MAX_PRECOMPUTE_CLASSES)", field="max_failures") from None
 
 
 class Precomputer:

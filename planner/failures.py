@@ -97,13 +97,29 @@ def raw_failure_set_count(job: JobSpec, max_failures: int) -> int:
     return sum(comb(n, k) for k in range(min(max_failures, n) + 1))
 
 
-def enumerate_failure_classes(job: JobSpec, max_failures: int) -> Iterator[tuple[Worker, ...]]:
+class TooManyClasses(SpecError):
+    """More failure classes than the caller's cap (raised before they are allocated)."""
+
+    def __init__(self, job: JobSpec, max_failures: int, cap: int):
+        super().__init__(f"max_failures: {max_failures} gives more than {cap} failure classes for a "
+                         f"{job.pipelines} x {job.stages} job; ask for fewer failures", field="max_failures")
+
+
+def enumerate_failure_classes(job: JobSpec, max_failures: int,
+                              max_classes: int | None = None) -> Iterator[tuple[Worker, ...]]:
     """Every canonical failure set with at most `max_failures` workers that leaves each stage a survivor.
 
-    Yields in increasing number of failures, the empty set first.
+    Yields in increasing number of failures, the empty set first. With `max_classes`, raises
+    `TooManyClasses` as soon as there are more, before allocating them: each stage subset of size
+    <= max_failures on one pipeline is a class of its own (D >= 2), so their count, known by
+    arithmetic, is checked first; the enumeration then stops at the cap.
     """
     if max_failures < 0:
         raise SpecError("max_failures: must be >= 0", field="max_failures")
+    if max_classes is not None and job.pipelines >= 2:
+        at_least = 1 + sum(comb(job.stages, k) for k in range(1, min(max_failures, job.stages) + 1))
+        if at_least > max_classes:
+            raise TooManyClasses(job, max_failures, max_classes)
     subsets: list[tuple[int, ...]] = []
     for size in range(1, min(max_failures, job.stages) + 1):
         subsets.extend(combinations(range(job.stages), size))
@@ -128,8 +144,12 @@ def enumerate_failure_classes(job: JobSpec, max_failures: int) -> Iterator[tuple
                 stage_count[s] -= 1
 
     by_size: dict[int, list[tuple[Worker, ...]]] = {0: [()]}
+    count = 1
     for parts in extend(0, [], max_failures, [0] * job.stages):
         workers = tuple(sorted((c, s) for c, part in enumerate(parts) for s in part))
         by_size.setdefault(len(workers), []).append(workers)
+        count += 1
+        if max_classes is not None and count > max_classes:
+            raise TooManyClasses(job, max_failures, max_classes)
     for size in sorted(by_size):
         yield from sorted(by_size[size])

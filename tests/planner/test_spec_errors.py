@@ -75,3 +75,23 @@ def test_duplicates_in_a_failure_set_are_merged(small_job):
 def test_negative_max_failures(small_job):
     with pytest.raises(SpecError, match="max_failures"):
         list(enumerate_failure_classes(small_job, -1))
+
+
+def test_failure_class_cap_is_checked_before_enumerating():
+    from planner.failures import TooManyClasses
+
+    # 2 x 4096 with up to 2 failures: at least 1 + 4096 + C(4096, 2) (about 8.4 million) classes,
+    # each single-pipeline stage subset being one; refused by arithmetic, nothing allocated.
+    job = JobSpec.parse({"pipelines": 2, "stages": 4096, "microbatches": 12, "forward_ms": 1.0,
+                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.1,
+                         "allreduce_ms": 1.0, "optimizer_ms": 1.0, "activation_mb": 1.0})
+    with pytest.raises(TooManyClasses, match="more than 20000 failure classes"):
+        next(enumerate_failure_classes(job, 2, max_classes=20_000))
+
+
+def test_failure_class_cap_counts_exactly(make_job):
+    job = make_job()  # 3 x 3: every class up to 2 failures, counted without a cap
+    every = list(enumerate_failure_classes(job, 2))
+    assert list(enumerate_failure_classes(job, 2, max_classes=len(every))) == every
+    with pytest.raises(SpecError, match="more than"):
+        list(enumerate_failure_classes(job, 2, max_classes=len(every) - 1))
