@@ -20,8 +20,7 @@ import torch
 from executor.app import TrainingApp, as_tuple, build_stage, call_stage
 from executor.app_stage import AppStageRunner, nbytes, signature_of
 from executor.comms import torch_device
-from executor.profile import allreduce_ms, p2p_ms
-from planner.spec import JobSpec
+from executor.profile import allreduce_ms, job_spec_from_rows, p2p_ms
 
 
 def _sync(device: torch.device) -> None:
@@ -109,19 +108,4 @@ def profile_app(app: TrainingApp, pipelines: int, stages: int, microbatches: int
         rows[-1]["allreduce"] = allreduce_ms(sum(p.numel() for p in module.parameters()), pipelines, reps)
     largest = max(r["output_bytes"] for r in rows)
     hop = p2p_ms(max(1, largest // 4), reps)
-
-    def per_stage(key: str) -> list[float]:
-        return [round(max(r[key], 1e-4), 4) for r in rows]
-
-    spec = {
-        "pipelines": pipelines, "stages": stages, "microbatches": microbatches,
-        "forward_ms": per_stage("F"), "backward_input_ms": per_stage("B"),
-        "backward_weight_ms": per_stage("W"), "p2p_ms": round(hop, 4),
-        "cross_pipeline_p2p_ms": round(hop, 4),
-        "allreduce_ms": [round(r["allreduce"], 4) for r in rows],
-        "optimizer_ms": per_stage("optimizer"),
-        "activation_mb": per_stage("activation_mb"),
-        "memory_limit_mb": None,
-    }
-    JobSpec.parse(spec)
-    return spec
+    return job_spec_from_rows(rows, pipelines, stages, microbatches, hop)

@@ -26,13 +26,10 @@ from torch import Tensor
 
 from executor.app import TrainingApp, as_tuple, call_stage
 from executor.autograd_split import PendingWeightGrad, backward_input, backward_weight
+from executor.stage import IterationBook, StageError
 
 Microbatch = tuple[int, int]
 Signature = list[tuple[tuple[int, ...], torch.dtype]]
-
-
-class StageError(RuntimeError):
-    """An op out of order for a micro-batch (a plan or runtime bug, never silently ignored)."""
 
 
 def signature_of(tensors: tuple[Tensor, ...]) -> Signature:
@@ -81,7 +78,7 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-class AppStageRunner:
+class AppStageRunner(IterationBook):
     """F / B / W of one stage module for the micro-batches of the current iteration."""
 
     def __init__(self, module: torch.nn.Module, app: TrainingApp, stage: int, stages: int,
@@ -153,30 +150,6 @@ class AppStageRunner:
         if pending is None:
             raise StageError(f"W of micro-batch {list(mb)} without a finished B")
         backward_weight(pending, self.params)
-
-    # ------------------------------------------------------------------- iteration bookkeeping
-    def pending(self) -> int:
-        return len(self._forwarded) + len(self._awaiting_w)
-
-    def drop_in_flight(self) -> None:
-        self._forwarded.clear()
-        self._awaiting_w.clear()
-        self.losses.clear()
-        for p in self.module.parameters():
-            p.grad = None
-
-    def start_iteration(self) -> None:
-        if self.pending():
-            raise StageError(f"{self.pending()} micro-batches still in flight at an iteration boundary")
-        self.losses.clear()
-        for p in self.module.parameters():
-            p.grad = None
-
-    def ensure_grads(self) -> None:
-        """Zero gradients where none arrived: every replica joins the all-reduce with one layout."""
-        for p in self.module.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
 
 
 class ReplicaState:

@@ -193,6 +193,13 @@ def profile_job(
         row["allreduce"] = allreduce_ms(sum(p.numel() for p in module.parameters()), pipelines, reps)
         rows.append(row)
     hop = p2p_ms(data.batch_size * model.seq_len * model.width, reps)
+    return job_spec_from_rows(rows, pipelines, stages, microbatches, hop)
+
+
+def job_spec_from_rows(rows: list[dict], pipelines: int, stages: int, microbatches: int,
+                       hop_ms: float) -> dict[str, Any]:
+    """Per-stage measurements (F, B, W, optimizer, allreduce ms; activation_mb) as a contract job
+    spec, checked by the planner's parser (it must accept what we write)."""
 
     def per_stage(key: str) -> list[float]:
         return [round(max(r[key], 1e-4), 4) for r in rows]
@@ -200,12 +207,12 @@ def profile_job(
     spec = {
         "pipelines": pipelines, "stages": stages, "microbatches": microbatches,
         "forward_ms": per_stage("F"), "backward_input_ms": per_stage("B"),
-        "backward_weight_ms": per_stage("W"), "p2p_ms": round(hop, 4),
-        "cross_pipeline_p2p_ms": round(hop, 4),
+        "backward_weight_ms": per_stage("W"), "p2p_ms": round(hop_ms, 4),
+        "cross_pipeline_p2p_ms": round(hop_ms, 4),
         "allreduce_ms": [round(r["allreduce"], 4) for r in rows],
         "optimizer_ms": per_stage("optimizer"),
         "activation_mb": [round(r["activation_mb"], 4) for r in rows],
         "memory_limit_mb": None,
     }
-    JobSpec.parse(spec)  # the planner must accept what we write
+    JobSpec.parse(spec)
     return spec

@@ -13,21 +13,12 @@ from executor.cluster import Fault, LiveCluster, Rejoin
 from executor.local import uniform_job
 from executor.model import ModelConfig
 from executor.reference import train_reference_app
-from executor.service import LocalService, ServiceClient
+from executor.service import ServiceClient
 
 pytestmark = pytest.mark.slow
 
 APP = "tests.executor.apps.skipnet:app"
 RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = LocalService(tmp_path_factory.mktemp("service"),
-                       {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2"})
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 def test_app_with_tuple_activations_survives_kill_and_rejoin_exactly(service):

@@ -16,7 +16,7 @@ from executor.cluster import Fault, LiveCluster, Rejoin
 from executor.local import uniform_job
 from executor.model import ModelConfig
 from executor.reference import train_reference_app
-from executor.service import LocalService, ServiceClient
+from executor.service import ServiceClient
 
 APP = "tests.executor.apps.skipnet:app"
 warnings.filterwarnings("ignore", message=".*torch.distributed.*")
@@ -48,15 +48,6 @@ def test_only_finished_checkpoints_count(tmp_path):
     assert load_stage(tmp_path / "step-3", 1, fresh, app.optimizer(fresh.parameters())) == 3
     for k, v in modules[1].state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v)
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = LocalService(tmp_path_factory.mktemp("service"),
-                       {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2"})
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 def _cluster(service, iterations, checkpoints, faults=(), rejoins=(), resume=False):

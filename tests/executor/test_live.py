@@ -15,7 +15,7 @@ from executor.cluster import Fault, LiveCluster, LiveRunError, Rejoin
 from executor.local import uniform_job
 from executor.model import ModelConfig
 from executor.reference import train_reference
-from executor.service import LocalService, ServiceClient
+from executor.service import ServiceClient
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +25,6 @@ RTOL = 1e-5
 
 def tiny(stages: int) -> ModelConfig:
     return ModelConfig(layers=2 * stages, width=32, heads=2, vocab=64, seq_len=16, seed=1)
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    svc = LocalService(tmp_path_factory.mktemp("service"),
-                       {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2"})
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 @pytest.fixture(scope="module")
