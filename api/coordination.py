@@ -3,8 +3,10 @@
 The service owns each job's generation. A failure report, a rejoin or a missed heartbeat moves the
 job to generation G+1 with the new failure set and its plan (stored if precomputed, else solved; the
 generation is `solving` until the plan exists). Long-polls for "after G" wake on every change and
-answer once generation > G is settled (`running` with a plan, or `stopped` when a stage has no
-survivor). Heartbeats stay in memory (hundreds per second); registrations and generations are stored.
+answer once generation > G is settled (`running` with a plan; `waiting` when a stage has lost every
+worker: the job waits for a rejoin to that stage, after which every worker restores the newest
+checkpoint; `stopped` when no plan exists). Heartbeats stay in memory (hundreds per second);
+registrations and generations are stored.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class Membership:
     generation: int = 1
     failed: tuple[Worker, ...] = ()
     plan_id: str | None = None
-    status: str = "solving"  # solving | running | stopped
+    status: str = "solving"  # solving | running | waiting | stopped
     reason: str | None = None
     iteration_ms: float | None = None
     last_seen: dict[Worker, float] = field(default_factory=dict)
@@ -46,6 +48,12 @@ class Membership:
         """Wake every long-poll waiting on this job; later waiters get a fresh event."""
         event, self.changed = self.changed, asyncio.Event()
         event.set()
+
+
+def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list[int]:
+    """Stages whose every worker is in the failure set."""
+    dead = set(failed)
+    return [s for s in range(stages) if all((p, s) in dead for p in range(pipelines))]
 
 
 class Coordinator:
@@ -102,21 +110,32 @@ class Coordinator:
             m.generation += 1
         m.failed = tuple(sorted(set(failed)))
         m.reason, m.iteration_ms = cause, None
-        try:
-            plan, future = await self.plans.request(m.job, list(m.failed))
-        except SpecError as exc:  # a stage has no surviving worker: nothing can run
-            m.status, m.plan_id, m.reason = "stopped", None, str(exc)
+        lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
+        if lost:
+            # Not the end of the job: a worker that rejoins such a stage brings it back, and every
+            # worker then restores the newest checkpoint (the executor's daemon does the restore).
+            m.status, m.plan_id = "waiting", None
+            m.reason = (f"{cause}; stage {', '.join(map(str, lost))} has no alive worker: waiting for a "
+                        "worker to rejoin it, then every worker restores the newest checkpoint")
         else:
-            m.plan_id = plan.id
-            if future is None:
-                self._apply_plan(m, plan.status, plan.summary, plan.error)
-            else:
-                m.status = "solving"
-                asyncio.ensure_future(self._when_solved(m, m.generation, plan.id, future))
+            await self._request_plan(m)
         await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
                         m.status, m.reason)
         self._publish(m)
         m.notify()
+
+    async def _request_plan(self, m: Membership) -> None:
+        try:
+            plan, future = await self.plans.request(m.job, list(m.failed))
+        except SpecError as exc:
+            m.status, m.plan_id, m.reason = "stopped", None, str(exc)
+            return
+        m.plan_id = plan.id
+        if future is None:
+            self._apply_plan(m, plan.status, plan.summary, plan.error)
+        else:
+            m.status = "solving"
+            asyncio.ensure_future(self._when_solved(m, m.generation, plan.id, future))
 
     def _apply_plan(self, m: Membership, status: str, summary: dict | None, error: str | None) -> None:
         if status == "done" and summary is not None:

@@ -84,7 +84,7 @@ memberships = Table(
     Column("generation", Integer, nullable=False),
     Column("failed", Text, nullable=False, comment="JSON list of [pipeline, stage]"),
     Column("plan_id", String(32), nullable=True),
-    Column("status", String(16), nullable=False, comment="solving | running | stopped"),
+    Column("status", String(16), nullable=False, comment="solving | running | waiting | stopped"),
     Column("reason", Text, nullable=True),
     Column("updated_at", Float, nullable=False),
 )

@@ -91,7 +91,10 @@ class WorkerReport(BaseModel):
 class MembershipState(BaseModel):
     job_id: str
     generation: int
-    status: Literal["solving", "running", "stopped"]
+    status: Literal["solving", "running", "waiting", "stopped"] = Field(
+        description="solving: the plan of this generation is being computed; running: workers run it; "
+        "waiting: a stage lost every worker, the job waits for one to rejoin it and then every worker "
+        "restores the newest checkpoint; stopped: no plan exists for this failure set.")
     reason: str | None
     failed: list[WorkerRef]
     plan_id: str | None
@@ -119,9 +122,10 @@ class Assignment(BaseModel):
 
     job_id: str
     generation: int
-    status: Literal["running", "stopped", "excluded"] = Field(
-        description="running: run `instructions`; stopped: a stage has no survivor (or no plan), stop "
-        "cleanly; excluded: this worker is in the failure set, rejoin to come back.")
+    status: Literal["running", "waiting", "stopped", "excluded"] = Field(
+        description="running: run `instructions`; waiting: a stage lost every worker, keep polling until "
+        "one rejoins it (then restore the newest checkpoint); stopped: no plan exists, stop cleanly; "
+        "excluded: this worker is in the failure set, rejoin to come back.")
     reason: str | None
     plan_id: str | None
     failed: list[WorkerRef]

@@ -3,16 +3,19 @@
 Per stage, on micro-batch 0 (its input made by running the earlier stages): F, B and W of one
 micro-batch through the same `AppStageRunner` the workers use (median of `reps`), the optimizer
 step, and the activation memory one micro-batch holds from F to B (the distinct storages autograd
-saves, plus the outputs). The transfer and all-reduce figures come from loopback gloo
-(`executor.profile`). W keeps part of that memory until it runs; the spec leaves
-`activation_w_mb` at its default (= `activation_mb`), the conservative reading of rule 6.
+saves, plus the outputs) and from B to W (`activation_w_mb`: the saved storages still alive once B
+has run, i.e. what the weight gradient still needs under this executor's B/W split; B keeps the
+graph for W, so today that is everything saved but the outputs). The transfer and all-reduce
+figures come from loopback gloo (`executor.profile`).
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import statistics
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -28,18 +31,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _saved_mb(fn) -> tuple[Any, float]:
-    seen: dict[Any, int] = {}
+class SavedTensors:
+    """The distinct storages autograd saves while `record` runs; `alive_mb` tells how much of it is
+    still referenced later (weak references: measuring must not keep anything alive)."""
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            seen[(storage.data_ptr(), t.device)] = storage.nbytes()
-        return t
+    def __init__(self) -> None:
+        self.seen: dict[Any, tuple[int, weakref.ref]] = {}
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values()) / 2**20
+    def record(self, fn) -> Any:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if not isinstance(t, torch.nn.Parameter):
+                storage = t.untyped_storage()
+                self.seen.setdefault((storage.data_ptr(), t.device), (storage.nbytes(), weakref.ref(t)))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return fn()
+
+    def total_mb(self) -> float:
+        return sum(n for n, _ in self.seen.values()) / 2**20
+
+    def alive_mb(self) -> float:
+        return sum(n for n, ref in self.seen.values() if ref() is not None) / 2**20
 
 
 def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, stages: int, x: Any,
@@ -47,12 +60,13 @@ def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, sta
     runner = AppStageRunner(module, app, stage, stages, 1.0)
     times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
     out_signature = None
-    saved_mb = 0.0
+    saved_mb = held_after_b_mb = 0.0
     for i in range(reps + 1):
         mb = (0, i)
+        saved = SavedTensors()
         _sync(device)
         t0 = time.perf_counter()
-        out, saved_mb = _saved_mb(lambda: runner.forward(mb, x, target))  # noqa: B023
+        out = saved.record(lambda: runner.forward(mb, x, target))  # noqa: B023
         _sync(device)
         t1 = time.perf_counter()
         grads = None
@@ -64,6 +78,9 @@ def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, sta
         runner.backward_input(mb, grads)
         _sync(device)
         t3 = time.perf_counter()
+        out = grads = None
+        gc.collect()
+        saved_mb, held_after_b_mb = saved.total_mb(), saved.alive_mb()
         runner.backward_weight(mb)
         _sync(device)
         t4 = time.perf_counter()
@@ -83,6 +100,7 @@ def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, sta
     row = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     row["optimizer"] = statistics.median(step_times) * 1e3
     row["activation_mb"] = saved_mb + out_mb
+    row["activation_w_mb"] = min(held_after_b_mb, row["activation_mb"])
     row["output_bytes"] = nbytes(out_signature) if out_signature else 0
     return row
 

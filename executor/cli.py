@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from executor.worker_cmd import register as register_worker
 
     register_worker(subparsers, _one_line_errors)
+    from executor.submit_cmd import register as register_submit
+
+    register_submit(subparsers, _one_line_errors)
 
 
 def _register_train(subparsers: argparse._SubParsersAction) -> None:
@@ -64,6 +67,8 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
                    help="longest wait for the plan precompute (default 120 s; later plans solve on demand)")
     t.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (default 600 s)")
     t.add_argument("--report", metavar="FILE", help="write iterations, failures and parameter norms as JSON")
+    t.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo) or cuda (NCCL; one GPU per worker on this host)")
     from executor.worker_cmd import checkpoint_options
 
     checkpoint_options(t)

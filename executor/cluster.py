@@ -158,27 +158,28 @@ class LiveCluster:
                  rejoins: list[Rejoin] | None = None, token: str | None = None, agent_reports: bool = True,
                  timeout_s: float = 300.0, operation_timeout_s: float = 60.0, threads: int = 1,
                  app: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False):
+                 resume: bool = False, stage_lost_wait_s: float = 600.0, device: str = "cpu"):
         self.service_url, self.job_id, self.token = service_url, job_id, token
         self.D, self.S, self.M, self.N = pipelines, stages, microbatches, iterations
         self.model, self.data, self.optim = model, data or DataConfig(), optim or OptimConfig()
         self.faults, self.rejoins = list(faults or []), list(rejoins or [])
         check_faults(pipelines, stages, iterations, self.faults, self.rejoins)
-        self.app = app
+        self.app, self.device = app, device
         self.checkpoint = {"checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
-                           "resume": resume}
+                           "resume": resume, "stage_lost_wait_s": stage_lost_wait_s}
         if app is None:
             model.stage_layers(stages)
         self.agent_reports, self.timeout_s = agent_reports, timeout_s
         self.operation_timeout_s, self.threads = operation_timeout_s, threads
         self.client = ServiceClient(service_url, token)
         self.fired: list[tuple[Fault, float]] = []
+        self.posted_losses: dict[int, float] = {}
 
     def _spec(self, w: tuple[int, int], port: int, rejoin_at: int | None) -> WorkerSpec:
         return WorkerSpec(
             worker=w, pipelines=self.D, stages=self.S, microbatches=self.M, iterations=self.N,
             generation=0, alive=[], stream={}, model=self.model.to_json(), data=self.data.__dict__,
-            app=self.app, **self.checkpoint, optim=self.optim.to_json(), store_port=port,
+            app=self.app, **self.checkpoint, optim=self.optim.to_json(), store_port=port, device=self.device,
             threads=self.threads,
             operation_timeout_s=self.operation_timeout_s,
             group_setup_timeout_s=max(2 * self.operation_timeout_s, 30.0),
@@ -201,6 +202,10 @@ class LiveCluster:
                 for w in [(p, s) for p in range(self.D) for s in range(self.S)]:
                     procs.append((w, self._start(w, store.port, None, 0)))
                 self._supervise(store, procs, progress)
+                # Losses every last-stage worker posted, including those killed since (their
+                # results are gone): a run restored from a checkpoint still reports iteration 0 on.
+                self.posted_losses = {i: float(store.get(f"loss/{i}")) for i in range(self.N)
+                                      if store.check([f"loss/{i}"])}
                 outputs = self._outputs(procs)
             finally:
                 for _, proc in procs:
@@ -317,7 +322,7 @@ class LiveCluster:
                     if not torch.equal(t, other["parameters"][name]):
                         raise LiveRunError(f"stage {s}: replicas disagree on {name} after training")
             stage_parameters.append(replicas[0]["parameters"])
-        losses = {}
+        losses = dict(self.posted_losses)
         for (_, s), out in outputs.items():
             if s == self.S - 1:
                 losses.update(out["loss_by_iteration"])
@@ -352,8 +357,8 @@ class LiveCluster:
                 "detected_ms": round((min(g["started_s"] for g in new_gen) - t_fault) * 1e3, 3)
                 if new_gen else None,
             })
-        fields = ("generation", "restart", "failed", "reason")
-        generations = sorted({g["generation"]: {k: g[k] for k in fields}
+        fields = ("generation", "restart", "restored", "failed", "reason")
+        generations = sorted({g["generation"]: {k: g.get(k) for k in fields}
                               for out in outputs.values() for g in out["generations"]}.values(),
                              key=lambda g: g["generation"])
         return LiveRun(losses=[losses[i] for i in its], stage_parameters=stage_parameters,

@@ -10,6 +10,12 @@ Recovery is by iteration rollback (docs/notes/executor.md). Per generation G the
    and AdamW state over the new stage group;
 4. runs iterations R.. under G's instruction stream.
 
+When a stage has lost every replica the coordinator answers `waiting` rather than a plan: workers
+keep polling (bounded by `stage_lost_wait_s`) until a worker rejoins that stage. In the generation
+that brings it back no alive replica of that stage holds state, so in-memory copying is impossible:
+the lowest alive worker picks the newest complete checkpoint (step 0, the initial state, if there is
+none) and publishes it as `gen{G}/restore`; every worker loads its stage from it and R is its step.
+
 Any wait can be cut short: a newer settled generation (the long-poll thread sets `changed`)
 raises `Interrupted` within 50 ms; a broken connection raises `PeerLost`, which is reported to the
 coordinator (`POST .../failures`) before waiting for the generation it causes. Micro-batch data is a
@@ -96,11 +102,23 @@ class Daemon:
             after = self.member.rejoin()["generation"] - 1
         self.member.start(after)
         current = after
+        waiting = False
         while True:
-            a = self.member.wait_newer(current, self.timeouts.group_setup_s)
+            try:
+                a = self.member.wait_newer(current, spec.stage_lost_wait_s if waiting
+                                           else self.timeouts.group_setup_s)
+            except MembershipError:
+                if waiting and not self.member.error:
+                    raise TrainingStopped(f"generation {current}: {a['reason']}; none came within "
+                                          f"{spec.stage_lost_wait_s:g} s") from None
+                raise
             current = a["generation"]
             self.member.adopt(current)
             log(self.name, f"generation {current} {a['status']} failed={a['failed']} ({a['reason']})")
+            waiting = a["status"] == "waiting"
+            if waiting:
+                self.worker.runner.drop_in_flight()
+                continue  # a stage lost every worker: wait (bounded) for one to rejoin it
             if a["status"] != "running":
                 if self.worker.completed >= spec.iterations and self.has_state:
                     return self._result(None)  # finished before the job stopped
@@ -124,11 +142,16 @@ class Daemon:
         completed that many), bounded by the operation timeout times the iterations left."""
         alive = [(p, s) for p in range(self.spec.pipelines) for s in range(self.spec.stages)]
         deadline = time.monotonic() + self.timeouts.operation_s * max(1, iteration)
+        next_status_check = 0.0
         while time.monotonic() < deadline:
             done = [int(self.store.get(f"progress/{key(w)}")) for w in alive
                     if w != self.spec.worker and self.store.check([f"progress/{key(w)}"])]
             if done and max(done) >= iteration:
                 return
+            if time.monotonic() > next_status_check:  # no progress can come: a stage waits for us
+                if self.member.job_status() == "waiting":
+                    return
+                next_status_check = time.monotonic() + 0.5
             time.sleep(0.05)
         raise TimeoutError(f"training did not reach iteration {iteration} to rejoin at")
 
@@ -139,31 +162,33 @@ class Daemon:
         stream = InstructionStream.model_validate(a["instructions"])
         store.set(f"gen{gen}/at/{self.name}", str(worker.completed if self.has_state else -1))
         at = self._gather(gen, alive)
-        stateful = [c for c in at.values() if c >= 0]
-        if not stateful:
-            raise TrainingStopped(f"generation {gen}: no alive worker holds training state")
-        restart = min(stateful)
-        log(self.name, f"generation {gen}: restart at iteration {restart} (progress {sorted(at.items())})")
+        lost = sorted({w[1] for w in alive} - {w[1] for w in alive if at[w] >= 0})
+        restored = self._restore_point(gen, alive, lost) if lost else None
+        restart = restored if restored is not None else min(c for c in at.values() if c >= 0)
+        log(self.name, f"generation {gen}: restart at iteration {restart} (progress {sorted(at.items())}"
+            + (f"; stage {lost} lost all state: restore checkpoint step {restored})" if lost else ")"))
         gen_store = connect_store(spec.store_host, spec.store_port, self.timeouts.group_setup_s)
         groups = interruptible(
             lambda: GenerationGroups(gen_store, gen, alive, spec.worker, self.timeouts, spec.device,
                                      interrupt, spec.bind_host),
             interrupt, f"generation {gen} group setup")
-        if self.has_state:
+        if restored is not None:
+            worker.restore_checkpoint(restored)
+            self.has_state = True
+        elif self.has_state:
             worker.rollback_to(restart)
         stage = [w for w in alive if w[1] == spec.worker[1]]
         log(self.name, f"generation {gen}: groups ready")
-        if any(at[w] < 0 for w in stage):
+        if restored is None and any(at[w] < 0 for w in stage):
             holders = [w for w in stage if at[w] >= 0]
-            if not holders:
-                raise TrainingStopped(f"generation {gen}: no replica of stage {spec.worker[1]} holds state")
             worker.share_state(groups, holders[0])
             worker.runner.drop_in_flight()
             worker.completed = restart
             self.has_state = True
             log(self.name, f"stage state copied from {list(holders[0])}")
         worker.attach(groups, stream, a.get("iteration_ms") or 0.0)
-        self.generations.append({"generation": gen, "restart": restart, "started_s": time.time(),
+        self.generations.append({"generation": gen, "restart": restart, "restored": restored,
+                                 "started_s": time.time(),
                                  "failed": a["failed"], "predicted_ms": a.get("iteration_ms"),
                                  "reason": a.get("reason")})
         failed = {tuple(w) for w in a["failed"]}
@@ -172,8 +197,34 @@ class Daemon:
             if it in holds and it not in self.held:
                 self._hold(it)
             worker.run_iteration(it)
+            if it in worker.losses:  # the launcher's record: outlives this process if it is killed
+                store.set(f"loss/{it}", repr(worker.losses[it]))
             store.set(f"progress/{self.name}", str(worker.completed))
         self._finish_together(gen, alive)
+
+    def _restore_point(self, gen: int, alive: list[tuple[int, int]], lost: list[int]) -> int:
+        """The checkpoint step every worker restores (agreed through the store: the lowest alive
+        worker reads the directory once, so a checkpoint finishing meanwhile cannot split them)."""
+        spec, name = self.spec, f"gen{gen}/restore"
+        if spec.worker == alive[0]:
+            newest = None
+            if spec.checkpoint_dir:
+                from executor.checkpoint import latest_complete
+
+                newest = latest_complete(spec.checkpoint_dir)
+            step = newest[0] if newest else 0
+            log(self.name, f"stage {lost} has no replica holding state: every worker restores "
+                + (f"checkpoint step-{step}" if step else "the initial state (no complete checkpoint)"))
+            self.store.set(name, str(step))
+        deadline = time.monotonic() + self.timeouts.group_setup_s
+        while not self.store.check([name]):
+            if self.member.changed.is_set():
+                raise Interrupted(f"generation {gen} restore point")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"generation {gen}: no restore point within "
+                                   f"{self.timeouts.group_setup_s:.0f} s")
+            time.sleep(0.01)
+        return int(self.store.get(name))
 
     def _gather(self, gen: int, alive: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
         keys = [f"gen{gen}/at/{key(w)}" for w in alive]

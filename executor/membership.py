@@ -100,6 +100,13 @@ class Membership:
                                   f"{_detail(resp)}")
         return resp.json()
 
+    def job_status(self) -> str:
+        """The job's current membership status (`running`, `waiting`, ...), one request."""
+        resp = self._call(self._client, "GET", "/membership")
+        if resp.status_code != 200:
+            raise MembershipError(f"membership of the job refused ({resp.status_code}): {_detail(resp)}")
+        return str(resp.json()["status"])
+
     # -------------------------------------------------------------------------------- threads
     def start(self, after: int = 0) -> None:
         self._after = after

@@ -214,5 +214,7 @@ def job_spec_from_rows(rows: list[dict], pipelines: int, stages: int, microbatch
         "activation_mb": [round(r["activation_mb"], 4) for r in rows],
         "memory_limit_mb": None,
     }
+    if all("activation_w_mb" in r for r in rows):
+        spec["activation_w_mb"] = [round(r["activation_w_mb"], 4) for r in rows]
     JobSpec.parse(spec)
     return spec

@@ -47,6 +47,7 @@ from executor.data import DataConfig, MicrobatchSource
 from executor.model import ModelConfig, StageModule
 from executor.optim import OptimConfig, make_optimizer
 from executor.stage import StageRunner
+from executor.timing import OpTimer
 from planner.instructions import Instruction, InstructionStream
 
 RECV_WINDOW = 4
@@ -74,14 +75,20 @@ class WorkerSpec:
     """Where the c10d rendezvous store listens (the launcher's, or `recycle rendezvous`'s)."""
     store_port: int = 0
     device: str = "cpu"
+    """cpu (gloo) or cuda (NCCL)."""
+    local_rank: int | None = None
+    """The GPU index on this node (torchrun's LOCAL_RANK); None: the worker's rank modulo the count."""
     bind_host: str | None = None
+    """The address this worker's gloo connections use (its node's); None: the host name's."""
     checkpoint_dir: str | None = None
-    """Write `torch.distributed.checkpoint` checkpoints here (executor.checkpoint)."""
+    """Write `torch.distributed.checkpoint` checkpoints here (executor.checkpoint); shared by all
+    workers, it is also where a job that lost a whole stage restores from."""
     checkpoint_every: int = 0
     """... every this many iterations (0: never)."""
     resume: bool = False
     """Start from the newest complete checkpoint in `checkpoint_dir`."""
-    """The address this worker's gloo connections use (its node's); None: the host name's."""
+    stage_lost_wait_s: float = 600.0
+    """How long to wait for a worker to rejoin a stage that lost every worker before giving up."""
     threads: int = 1
     operation_timeout_s: float = 60.0
     group_setup_timeout_s: float = 120.0
@@ -90,12 +97,13 @@ class WorkerSpec:
     job_id: str | None = None
     service_token: str | None = None
     rejoin_at: int | None = None
-    """A restarted worker: rejoin once training has completed this many iterations."""
+    """A restarted worker: rejoin once training has completed this many iterations (at once when
+    the job is waiting for a stage that lost every worker)."""
     pause_at: list[str] = field(default_factory=list)
+    """Fault injection: "ITER:PHASE" points where the worker announces itself and waits to be killed."""
     hold_at: list[list[int]] = field(default_factory=list)
     """[ITER, P, S]: a restarted peer rejoins at ITER; while it is still failed, wait at that
     iteration boundary (bounded) for its generation to arrive."""
-    """Fault injection: "ITER:PHASE" points where the worker announces itself and waits to be killed."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -126,7 +134,8 @@ class Worker:
         self.p, self.s = spec.worker
         self.model_cfg = ModelConfig(**spec.model)
         self.data_cfg = DataConfig(**spec.data)
-        self.device = torch_device(spec.device, self.p * spec.stages + self.s)
+        self.device = torch_device(spec.device, self.p * spec.stages + self.s if spec.local_rank is None
+                                   else spec.local_rank)
         scale = 1.0 / (spec.pipelines * spec.microbatches)
         self.app = load_app(spec.app) if spec.app else None
         self.replica: ReplicaState | None = None
@@ -159,7 +168,7 @@ class Worker:
         self.losses: dict[int, float] = {}
         self.records: dict[int, dict[str, float]] = {}
         """Per finished iteration: wall-clock end, generation and the plan's predicted ms."""
-        self.op_seconds: dict[str, float] = {}
+        self.timer = OpTimer(self.device)
         self.keep_snapshots = False
         self._snapshots: dict[int, Any] = {}
         self.phase_hook: Callable[[int, str], None] | None = None
@@ -242,10 +251,41 @@ class Worker:
                     f"{iteration} completed iterations (snapshots kept: {sorted(self._snapshots)})")
             self._restore(snap)
             self.completed = iteration
+        self._forget_from(iteration)
+
+    def _forget_from(self, iteration: int) -> None:
         for k in [k for k in self.losses if k >= iteration]:
             del self.losses[k]
         for k in [k for k in self.records if k >= iteration]:
             del self.records[k]
+
+    def restore_checkpoint(self, step: int) -> None:
+        """Replace this replica's state by checkpoint `step-{step}` of `checkpoint_dir`, or by the
+        initial state (the app's seeded stage, a fresh optimizer) for step 0: how every worker
+        continues after a stage lost all its replicas and in-memory state cannot be copied."""
+        self.runner.drop_in_flight()
+        if step > 0:
+            from executor.checkpoint import load_stage
+
+            assert self.spec.checkpoint_dir is not None
+            load_stage(Path(self.spec.checkpoint_dir) / f"step-{step}", self.s, self.module, self.optimizer)
+        else:
+            self._reset_to_initial()
+        self._snapshots.clear()
+        self.completed = step
+        self._forget_from(step)
+
+    def _reset_to_initial(self) -> None:
+        if self.app is not None:
+            fresh = build_stage(self.app, self.s, self.spec.stages)
+            blank = self.app.optimizer(fresh.parameters()).state_dict()
+        else:
+            fresh = StageModule(self.model_cfg, self.spec.stages, self.s)
+            blank = make_optimizer(fresh, OptimConfig(**self.spec.optim)).state_dict()
+        self.module.load_state_dict(fresh.state_dict())
+        self.optimizer.load_state_dict(blank)  # an empty `state`: as if it never stepped
+        if self.app is None:
+            self._init_optimizer_state()
 
     def _step(self, iteration: int) -> None:
         if self.keep_snapshots:
@@ -295,7 +335,7 @@ class Worker:
         for position, ins in enumerate(stream.instructions):
             if self.phase_hook is not None and position in self._pauses:
                 self.phase_hook(iteration, self._pauses[position])
-            started = time.perf_counter()
+            started = self.timer.start()
             mb = tuple(ins.microbatch) if ins.microbatch is not None else None
             if ins.op == "RECV":
                 if not posted:
@@ -326,11 +366,10 @@ class Worker:
                 self._allreduce(iteration)
             elif ins.op == "OPTIMIZER":
                 self._step(iteration)
-            self.op_seconds[ins.op.value] = self.op_seconds.get(ins.op.value, 0.0) + (
-                time.perf_counter() - started
-            )
+            self.timer.stop(ins.op.value, started)
         for work, _, peer in sends:
             groups.wait(work, peer, "send")
+        self.timer.flush()  # on CUDA: the iteration's kernels are done before its end is stamped
         if received or outgoing or posted:
             raise RuntimeError(
                 f"worker {list(self.spec.worker)} iteration {iteration}: stream left "
@@ -429,7 +468,7 @@ class Worker:
             "loss_by_iteration": dict(self.losses),
             "iteration_end_s": [self.records[i]["end_s"] for i in done],
             "records": dict(self.records),
-            "op_seconds": self.op_seconds,
+            "op_seconds": self.timer.seconds,
             "parameters": {n: p.detach().cpu().clone() for n, p in self.module.named_parameters()},
         }
 

@@ -55,6 +55,22 @@ def _job_spec(args: argparse.Namespace, model, data, app=None) -> dict[str, Any]
     return profile_job(model, args.pipelines, args.stages, args.microbatches, data, args.reps)
 
 
+def check_device(device: str, workers: int) -> None:
+    """NCCL cannot put two ranks of one group on one GPU, so a one-host CUDA run needs a GPU per
+    worker; say so before starting anything."""
+    from executor.model import ConfigError
+
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but torch sees no CUDA device", "device")
+    if torch.cuda.device_count() < workers:
+        raise ConfigError(f"device: cuda needs one GPU per worker ({workers} workers), this host has "
+                          f"{torch.cuda.device_count()}", "device")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from executor.app import AppError, load_app, validate_app
     from executor.cluster import LiveCluster, LiveRunError, check_faults, parse_kill, parse_rejoin
@@ -83,6 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         rejoins = [parse_rejoin(r) for r in args.rejoin]
         check_faults(args.pipelines, args.stages, args.iterations, faults, rejoins)
         check_checkpoint_options(args)
+        check_device(args.device, args.pipelines * args.stages)
         spec = _job_spec(args, model, data, app)
     except (ConfigError, SpecError, AppError, WorkerInputError) as exc:
         _err(str(exc))
@@ -106,7 +123,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   args.iterations, model, data, faults=faults, rejoins=rejoins,
                                   token=args.token, timeout_s=args.timeout, app=args.app,
                                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                                  resume=args.resume)
+                                  resume=args.resume, stage_lost_wait_s=args.stage_lost_wait,
+                                  device=args.device)
             run = _run_with_progress(cluster, args.iterations)
         except (ServiceError, LiveRunError) as exc:
             _err(str(exc))
@@ -175,11 +193,22 @@ def _events(report: dict[str, Any]) -> dict[int, list[str]]:
     for f in report["failure_details"]:
         events.setdefault(f["iteration"], []).append(f"worker {f['worker'][0]}:{f['worker'][1]} killed "
                                                       f"({f['phase']})")
-    gens = report["generations"]
-    for prev, g in zip(gens, gens[1:], strict=False):
-        back = [w for w in prev["failed"] if w not in g["failed"]]
-        for w in back:
-            events.setdefault(g["restart"], []).append(f"worker {w[0]}:{w[1]} rejoined")
+    killed = [f["worker"] for f in report["failure_details"]]
+    was_failed: list[list[int]] = []
+    back: list[list[int]] = []
+    for g in report["generations"][1:]:
+        # A killed worker is back once alive again after being failed, or in the generation that
+        # restored a lost stage (the generations while it was failed ran nothing, so none is recorded).
+        for w in killed:
+            if w not in back and w not in g["failed"] and (w in was_failed or g.get("restored") is not None):
+                back.append(w)
+                events.setdefault(g["restart"], []).append(f"worker {w[0]}:{w[1]} rejoined")
+        if g.get("restored") is not None:
+            step = g["restored"]
+            events.setdefault(g["restart"], []).append(
+                "a stage had lost every worker: all restored " + (f"checkpoint step-{step}" if step
+                                                                  else "the initial state"))
+        was_failed += g["failed"]
     return events
 
 
@@ -208,6 +237,7 @@ def render_table(report: dict[str, Any]) -> str:
     norms = ", ".join(f"{n:.4f}" for n in report["stage_parameter_norms"])
     lines += ["", f"stage parameter norms: {norms}"]
     lines += [f"generation {g['generation']}: failed {g['failed']}, started at iteration {g['restart']}"
+              + (f" from checkpoint step-{g['restored']}" if g.get("restored") else "")
               for g in report["generations"]]
     exact = report.get("exactness")
     if exact is not None:

@@ -70,6 +70,7 @@ def place(flag: str | None, env: dict[str, str], pipelines: int, stages: int) ->
 def cmd_worker(args: argparse.Namespace) -> int:
     from executor.app import AppError, load_app, validate_app
     from executor.service import ServiceClient, ServiceError
+    from executor.submit_cmd import read_job_id
 
     env = dict(os.environ)
     token = env.get("RECYCLE_TOKEN") or None
@@ -78,11 +79,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise WorkerInputError(f"--iterations: must be >= 1, got {args.iterations}")
         check_checkpoint_options(args)
         store_host, store_port = store_address(args.store, env)
+        job_id = read_job_id(args.job)
         client = ServiceClient(args.service, token)
-        job = client._request("GET", f"/v1/jobs/{args.job}", (200,)).json()["spec"]
-        client.close()
+        job = client._request("GET", f"/v1/jobs/{job_id}", (200,)).json()["spec"]
         D, S, M = job["pipelines"], job["stages"], job["microbatches"]
         worker = place(args.worker, env, D, S)
+        # A place the service already knows is a restart (e.g. a container its orchestrator brought
+        # back): it must rejoin rather than start training from scratch.
+        registered = client.membership(job_id)["workers"]
+        rejoin = args.rejoin or any(w["worker"] == list(worker) for w in registered)
+        client.close()
+        local_rank = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise WorkerInputError("--device: cuda was asked for but torch sees no CUDA device")
         app = load_app(args.app)
         validate_app(app, S)
     except (WorkerInputError, AppError) as exc:
@@ -96,14 +108,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     spec = WorkerSpec(
         worker=worker, pipelines=D, stages=S, microbatches=M, iterations=args.iterations, generation=0,
         alive=[], stream={}, model={}, app=args.app, store_host=store_host, store_port=store_port,
-        device=args.device, bind_host=args.host, threads=args.threads,
+        device=args.device, local_rank=local_rank, bind_host=args.host, threads=args.threads,
         operation_timeout_s=args.operation_timeout, group_setup_timeout_s=2 * args.operation_timeout,
-        service_url=args.service, job_id=args.job, service_token=token,
-        rejoin_at=0 if args.rejoin else None, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        service_url=args.service, job_id=job_id, service_token=token,
+        rejoin_at=0 if rejoin else None, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, stage_lost_wait_s=args.stage_lost_wait,
     )
     result = Path(args.report or f"{os.environ.get('TMPDIR', '/tmp')}/recycle-worker-{os.getpid()}.pt")
-    print(f"recycle worker {worker[0]}:{worker[1]} (pipeline:stage) of job {args.job}: store "
+    print(f"recycle worker {worker[0]}:{worker[1]} (pipeline:stage) of job {job_id}: store "
           f"{store_host}:{store_port}, device {args.device}", file=sys.stderr, flush=True)
     return worker_main(spec.to_json(), str(result))  # exits the process (live mode)
 
@@ -135,11 +147,16 @@ def checkpoint_options(p: argparse.ArgumentParser) -> None:
                    help="checkpoint every N iterations (default 0: never)")
     p.add_argument("--resume", action="store_true", help="start from the newest complete checkpoint in "
                    "--checkpoint-dir")
+    p.add_argument("--stage-lost-wait", type=float, default=600.0, metavar="SECONDS",
+                   help="when a stage loses every worker, wait this long for one to rejoin it (then all "
+                   "restore the newest checkpoint) before stopping (default 600)")
 
 
 def check_checkpoint_options(args: argparse.Namespace) -> None:
     if args.checkpoint_every < 0:
         raise WorkerInputError(f"--checkpoint-every: must be >= 0, got {args.checkpoint_every}")
+    if not args.stage_lost_wait > 0:
+        raise WorkerInputError(f"--stage-lost-wait: must be > 0 seconds, got {args.stage_lost_wait}")
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         raise WorkerInputError("--checkpoint-dir: needed by --checkpoint-every and --resume")
     if args.checkpoint_dir and Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
@@ -156,7 +173,8 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
     )
     one_line_errors(w, "worker")
     w.add_argument("--service", required=True, metavar="URL", help="the plan service")
-    w.add_argument("--job", required=True, metavar="JOB_ID", help="the job's id at the service")
+    w.add_argument("--job", required=True, metavar="JOB_ID", help="the job's id at the service, or @FILE "
+                   "holding it (as `recycle submit --job-file` writes)")
     w.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the training app (contracts.md)")
     w.add_argument("--worker", metavar="P:S", help="pipeline:stage (default: from RANK as torchrun sets it)")
     w.add_argument("--store", metavar="HOST:PORT", help="the rendezvous store (default: RECYCLE_STORE or "
@@ -165,7 +183,8 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
                    "(default: the host name's)")
     w.add_argument("--iterations", "-N", type=int, default=8, help="training iterations (default 8)")
     w.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
-    w.add_argument("--rejoin", action="store_true", help="this is a restarted worker: rejoin the job")
+    w.add_argument("--rejoin", action="store_true", help="this is a restarted worker: rejoin the job "
+                   "(implied when the service already has this worker registered)")
     w.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     w.add_argument("--operation-timeout", type=float, default=60.0,
                    help="bound on one send/receive/all-reduce, seconds (default 60)")

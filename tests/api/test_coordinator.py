@@ -56,17 +56,21 @@ def test_register_then_failure_moves_every_worker_to_the_next_generation(client)
     assert registered.items() <= members["workers"][0].items()
 
 
-def test_a_stage_without_survivors_stops_cleanly(client):
+def test_a_stage_without_survivors_waits_for_a_rejoin(client):
     job_id = create_job(client, small_job(2, 2, 4))
     assert client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [0, 1]}).json()["status"] in (
         "running", "solving")
-    stopped = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 1]}).json()
-    assert stopped["status"] == "stopped" and "stage 1" in stopped["reason"]
+    waiting = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 1]}).json()
+    assert waiting["status"] == "waiting" and "stage 1 has no alive worker" in waiting["reason"]
     a = poll(client, job_id, (0, 0), after=2)
-    assert a["status"] == "stopped" and a["instructions"] is None and "no surviving peer" in a["reason"]
-    # A rejoin brings the stage back.
-    client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [1, 1]})
-    assert poll(client, job_id, (0, 0), after=3)["status"] == "running"
+    assert a["status"] == "waiting" and a["instructions"] is None and "restores the newest checkpoint" in a[
+        "reason"]
+    # The waiting generation survives a reload of the membership from the database.
+    assert client.get(f"/v1/jobs/{job_id}/membership").json()["status"] == "waiting"
+    # A rejoin to the lost stage brings the job back with a plan that has [0, 1] alive.
+    client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [0, 1]})
+    back = poll(client, job_id, (0, 0), after=3)
+    assert back["status"] == "running" and back["failed"] == [[1, 1]] and [0, 1] in back["alive"]
 
 
 def test_missed_heartbeats_fail_a_worker(client):

@@ -50,10 +50,10 @@ def test_only_finished_checkpoints_count(tmp_path):
         assert torch.equal(fresh.state_dict()[k], v)
 
 
-def _cluster(service, iterations, checkpoints, faults=(), rejoins=(), resume=False):
+def _cluster(service, iterations, checkpoints, faults=(), rejoins=(), resume=False, precompute=None):
     client = ServiceClient(service.url)
     job = client.create_job(uniform_job(2, 2, 2).filled())
-    client.precompute(job, len(faults), timeout_s=60)
+    client.precompute(job, len(faults) if precompute is None else precompute, timeout_s=60)
     return LiveCluster(service.url, job, 2, 2, 2, iterations, ModelConfig(), faults=list(faults),
                        rejoins=list(rejoins), timeout_s=240, operation_timeout_s=30, app=APP,
                        checkpoint_dir=str(checkpoints), checkpoint_every=2, resume=resume)
@@ -85,3 +85,26 @@ def test_live_checkpoints_equal_single_process_training_and_resume_continues_exa
         assert abs(got - want) <= 1e-5 * abs(want)
     for s in range(2):
         _assert_close(resumed.stage_parameters[s], ref.stage_parameters[s])
+
+
+@pytest.mark.slow
+def test_losing_a_whole_stage_restores_every_worker_from_the_newest_checkpoint(service, tmp_path):
+    """Both replicas of stage 1 are killed mid-iteration 5 (5 steps done, checkpoints every 2): no
+    alive worker holds stage 1's state, so the job waits for a rejoin and then every worker, stage 0's
+    survivors included, restores the newest complete checkpoint (step 4, or step 2 if step 4 was still
+    being assembled) and reruns from there. Losses and final parameters equal the uninterrupted run."""
+    torch.set_num_threads(1)
+    ref = train_reference_app(load_app(APP), 2, 2, 2, 8)
+    both = [Fault((0, 1), 5, "backward_input"), Fault((1, 1), 5, "backward_input")]
+    run = _cluster(service, 8, tmp_path, both, [Rejoin((0, 1), 6), Rejoin((1, 1), 6)], precompute=1).run()
+    restores = [g for g in run.generations if g["restored"] is not None]
+    assert len(restores) == 1 and restores[0]["restored"] in (2, 4), run.generations
+    assert restores[0]["restart"] == restores[0]["restored"]  # not the in-memory rollback point 5
+    assert [r["iteration"] for r in run.iterations] == list(range(8))
+    for it, (got, want) in enumerate(zip([r["loss"] for r in run.iterations], ref.losses, strict=True)):
+        assert abs(got - want) <= 1e-5 * abs(want), f"iteration {it}: {got} vs {want}"
+    for s in range(2):
+        _assert_close(run.stage_parameters[s], ref.stage_parameters[s])
+    template = {f"stages.{s}.{k}": v for s, params in enumerate(ref.stage_parameters)
+                for k, v in params.items()}
+    _assert_close(load_parameters(tmp_path / "step-8", template), template)

@@ -27,12 +27,28 @@ def train(*args: str) -> subprocess.CompletedProcess:
     (["--iterations", "0"], "iterations: must be >= 1"),
     (["--stages", "9"], "stages"),
     (["--job", "/nonexistent/job.json"], "job: cannot read"),
+    (["--stage-lost-wait", "0"], "--stage-lost-wait: must be > 0 seconds"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     out = train(*args)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _cuda_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_cuda_gpus() >= 6, reason="this host has a GPU for each of the 6 workers: cuda is valid")
+def test_cuda_without_a_gpu_per_worker_is_one_clear_line():
+    out = train("--device", "cuda", "--stage-lost-wait", "5")
+    assert out.returncode == 2, out.stderr
+    want = ("device: cuda was asked for but torch sees no CUDA device" if _cuda_gpus() == 0
+            else "device: cuda needs one GPU per worker (6 workers)")
+    assert want in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_job_file_of_another_shape_is_refused(tmp_path):
@@ -43,3 +59,28 @@ def test_a_job_file_of_another_shape_is_refused(tmp_path):
     out = train("--job", str(job))
     assert out.returncode == 2
     assert "job: " in out.stderr and "[2, 2, 4]" in out.stderr
+
+
+def test_the_table_marks_kills_rejoins_and_a_checkpoint_restore():
+    """A hand-written report: both stage-1 workers killed in iteration 3, the job restored from
+    checkpoint step-2 when 0:1 came back (generation 4), and 1:1 back at iteration 4 (generation 5)."""
+    from executor.train import _events
+
+    kill = {"phase": "backward_input", "iteration": 3, "recovery_ms": None, "detected_ms": None}
+    report = {
+        "failure_details": [{**kill, "worker": [1, 1]}, {**kill, "worker": [0, 1]}],
+        "generations": [{"generation": 1, "failed": [], "restart": 0, "restored": None},
+                        {"generation": 4, "failed": [[1, 1]], "restart": 2, "restored": 2},
+                        {"generation": 5, "failed": [], "restart": 4, "restored": None}],
+    }
+    assert _events(report) == {
+        3: ["worker 1:1 killed (backward_input)", "worker 0:1 killed (backward_input)"],
+        2: ["worker 0:1 rejoined", "a stage had lost every worker: all restored checkpoint step-2"],
+        4: ["worker 1:1 rejoined"],
+    }
+    # The usual case: one kill, the worker failed for a generation, then back.
+    report["generations"] = [{"generation": 1, "failed": [], "restart": 0},
+                             {"generation": 2, "failed": [[1, 1]], "restart": 3},
+                             {"generation": 3, "failed": [], "restart": 6}]
+    report["failure_details"] = report["failure_details"][:1]
+    assert _events(report) == {3: ["worker 1:1 killed (backward_input)"], 6: ["worker 1:1 rejoined"]}

@@ -62,8 +62,10 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
                 time.sleep(0.05)
             procs[1, 1].send_signal(signal.SIGKILL)
             procs[1, 1].wait(10)
+            # Restarted with the very same command (as an orchestrator restarts a container): no
+            # --rejoin; the service knowing 1:1 already makes it rejoin.
             procs["rejoined"] = _worker(service, job, store, (1, 1), tmp_path / "w11-rejoin.log",
-                                        ["--worker", "1:1", "--rejoin"])
+                                        env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
             for name, p in procs.items():
                 if name == (1, 1):
                     continue

@@ -1,0 +1,60 @@
+"""The GPU path: CUDA-event op timing and a live NCCL run with a kill and a rejoin. These need CUDA
+(and one GPU per worker for NCCL) and are skipped, with the reason shown, on a host without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.timing import OpTimer
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_cuda = pytest.mark.skipif(GPUS == 0, reason="no CUDA device on this host")
+
+
+def test_cpu_timer_adds_wall_time_per_op():
+    timer = OpTimer(torch.device("cpu"))
+    for _ in range(2):
+        started = timer.start()
+        torch.ones(256, 256) @ torch.ones(256, 256)
+        timer.stop("F", started)
+    timer.flush()
+    assert set(timer.seconds) == {"F"} and timer.seconds["F"] > 0
+
+
+@needs_cuda
+def test_cuda_timer_measures_the_kernels_not_their_launch():
+    """A large matmul takes far longer on the GPU than its launch: the event time must see it."""
+    device = torch.device("cuda", 0)
+    a = torch.randn(4096, 4096, device=device)
+    timer = OpTimer(device)
+    torch.cuda.synchronize()
+    started = timer.start()
+    for _ in range(8):
+        a = a @ a / 64
+    timer.stop("F", started)
+    timer.flush()
+    # 8 x 2 x 4096^3 flops: at most ~1,000 TFLOP/s on any current GPU, so >= 1 ms.
+    assert timer.seconds["F"] >= 1e-3
+
+
+@pytest.mark.skipif(GPUS < 4, reason=f"NCCL needs one GPU per worker: 4 wanted, {GPUS} here")
+def test_live_nccl_run_with_a_kill_and_a_rejoin_matches_single_process(service):
+    from executor.app import load_app
+    from executor.cluster import Fault, LiveCluster, Rejoin
+    from executor.local import uniform_job
+    from executor.model import ModelConfig
+    from executor.reference import train_reference_app
+    from executor.service import ServiceClient
+
+    app = "tests.executor.apps.skipnet:app"
+    client = ServiceClient(service.url)
+    job = client.create_job(uniform_job(2, 2, 2).filled())
+    client.precompute(job, 1, timeout_s=60)
+    kill = Fault((1, 1), 2, "backward_input")
+    run = LiveCluster(service.url, job, 2, 2, 2, 6, ModelConfig(), faults=[kill],
+                      rejoins=[Rejoin((1, 1), 4)], timeout_s=240, operation_timeout_s=30, app=app,
+                      device="cuda").run()
+    ref = train_reference_app(load_app(app), 2, 2, 2, 6)
+    for got, want in zip(run.losses, ref.losses, strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want)  # GPU kernels differ from CPU in the last bits
