@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.evaluation.strategies import Evaluator, _repartition, job_variant
+from evaluation.strategies import Evaluator, _repartition, job_variant
 from planner.spec import JobSpec
 
 ONE_STAGE = {

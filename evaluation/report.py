@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.evaluation.strategies import STRATEGY_TITLES
-from planner.evaluation.trace import PlanLookups, StrategyDay
+from evaluation.strategies import STRATEGY_TITLES
+from evaluation.trace import PlanLookups, StrategyDay
 
 _COLOURS = {"adaptive": "#c44e52", "drop": "#4c72b0", "oobleck": "#55a868", "bamboo": "#8172b3",
             "checkpoint": "#937860"}

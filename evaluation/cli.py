@@ -122,7 +122,7 @@ def _check_options(args: argparse.Namespace) -> None:
 
 def _suite(args: argparse.Namespace) -> dict:
     """Jobs, sweep points and trace settings of the chosen suite (or of --job)."""
-    from planner.evaluation import scale
+    from evaluation import scale
     from planner.spec import JobSpec
 
     patterns = _csv(args.patterns, "--patterns", scale.PATTERNS)
@@ -161,9 +161,9 @@ def _suite(args: argparse.Namespace) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from planner.evaluation import report
-    from planner.evaluation.strategies import STRATEGY_NAMES, Evaluator, PauseModel
-    from planner.evaluation.trace import TraceError, poisson_trace, read_trace, simulate_day
+    from evaluation import report
+    from evaluation.strategies import STRATEGY_NAMES, Evaluator, PauseModel
+    from evaluation.trace import TraceError, poisson_trace, read_trace, simulate_day
 
     _check_options(args)
     strategies = _csv(args.strategies, "--strategies", STRATEGY_NAMES)
@@ -189,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "jobs": {k: j.filled() for k, j in suite["jobs"].items()}}
 
     if suite["points"]:
-        from planner.evaluation.scale import run_sweep
+        from evaluation.scale import run_sweep
 
         rows = run_sweep(suite["points"], strategies, evaluators, progress)
         (out / "sweep.md").write_text(report.sweep_markdown(rows, strategies), encoding="utf-8")
@@ -200,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     label, job = next(iter(suite["jobs"].items()))
     if job.op_count <= GANTT_MAX_OPS and "adaptive" in strategies:
-        from planner.evaluation.scale import failure_set, max_failures
+        from evaluation.scale import failure_set, max_failures
         from planner.solve import plan
 
         failed = failure_set(job, min(2, max_failures(job)), "spread")
