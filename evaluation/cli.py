@@ -179,6 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                         args.baseline_schedule)
                   for label, job in suite["jobs"].items()}
     progress = not args.no_progress
+    terminal: list[str] = []
     started = time.perf_counter()
     summary = [f"# recycle bench: suite `{suite['name']}`\n",
                "Throughput = the full global batch (D x M micro-batches) per iteration time. Models and "
@@ -197,6 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report.plot_sweep(rows, strategies, out / "sweep.png")
         summary += ["## Throughput under failure sets (micro-batches/s)\n",
                     report.sweep_markdown(rows, strategies)]
+        terminal.append(report.headline_text(rows, strategies))
 
     label, job = next(iter(suite["jobs"].items()))
     if job.op_count <= GANTT_MAX_OPS and "adaptive" in strategies:
@@ -243,11 +245,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "binned_mb_s": d.binned(duration, bin_s)} for n, d in days.items()},
         })
         summary.append(text)
+        terminal.append(f"{t['hours']:g} hours of {label}, {source}: {fails} failures, "
+                        f"{len(events) - fails} rejoins; useful throughput over the run:\n"
+                        + report.day_text(days, duration, fault_free_rate))
 
     wall = time.perf_counter() - started
     summary.append(f"\nWall time {wall:.1f} s; adaptive planning "
                    f"{sum(e.plan_seconds for e in evaluators.values()):.1f} s of it.\n")
     (out / "summary.md").write_text("\n".join(summary), encoding="utf-8")
-    print(f"recycle bench: wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out} "
-          f"in {wall:.1f} s")
+    print(f"recycle bench, suite {suite['name']} (models and assumptions: docs/evaluation.md)\n")
+    print("\n".join(terminal))
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out} in {wall:.1f} s")
     return 0

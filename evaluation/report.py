@@ -43,6 +43,52 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def text_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A fixed-width table for the terminal, numbers right-aligned."""
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                               for i, (v, w) in enumerate(zip(row, widths, strict=True))))
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def headline_text(rows: list[dict], strategies: list[str]) -> str:
+    """The terminal's headline: each job under its first failure pattern (spread by default),
+    every strategy's throughput and adaptive's ratio over each alternative."""
+    others = [s for s in strategies if s != "adaptive"]
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["job"], r["pattern"])
+    header = ["job", "pattern", "failed"] + list(strategies)
+    if "adaptive" in strategies:
+        header += [f"vs {s}" for s in others]
+    body = []
+    for r in rows:
+        if r["pattern"] != firsts[r["job"]]:
+            continue
+        line = [f"{r['job']} ({r['shape']})", r["pattern"], r["failed"]]
+        line += [f"{r['strategies'][s]['throughput_mb_s']:.3f}" for s in strategies]
+        if "adaptive" in strategies:
+            line += [_ratio(r["adaptive_over"][s]) for s in others]
+        body.append(line)
+    note = "; vs X = adaptive's throughput / X's" if "adaptive" in strategies and others else ""
+    return (f"Throughput (micro-batches/s of the full global batch{note}):\n"
+            + text_table(header, body))
+
+
+def day_text(days: dict[str, StrategyDay], duration_s: float, fault_free_rate: float) -> str:
+    """The day's useful throughput per strategy, relative to the fault-free plan, for the terminal."""
+    body = []
+    for name, day in days.items():
+        total = day.useful_microbatches()
+        body.append([name, f"{total / (fault_free_rate * duration_s):.4f}", day.restarts,
+                     f"{day.lost_s:.0f}", f"{day.time_in_plan_s.get('paused', 0.0):.0f}"])
+    return text_table(["strategy", "vs fault-free", "restarts", "lost work (s)", "paused (s)"], body)
+
+
 def day_markdown(days: dict[str, StrategyDay], duration_s: float, fault_free_rate: float) -> str:
     header = ["strategy", "useful micro-batches", "mean mb/s", "vs fault-free", "restarts", "lost work (s)",
               "paused (s)"]
