@@ -124,6 +124,27 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def compact_png(data: bytes, colours: int = 64) -> bytes:
+    """The same image as a palette PNG of at most `colours` colours: plots use a handful, and the
+    committed figures of docs/evaluation.md stay small (Pillow comes with matplotlib)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT).save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    path.write_bytes(compact_png(buf.getvalue()))
+
+
 def _figure(width: float, height: float):
     import matplotlib
 
@@ -154,7 +175,7 @@ def plot_sweep(rows: list[dict], strategies: list[str], path: Path) -> None:
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.5 / (3.2 * n_rows + 0.6) + 0.08, hspace=0.5, wspace=0.3)
-    fig.savefig(path, format="png")
+    _save(fig, path)
 
 
 def plot_day(days: dict[str, StrategyDay], duration_s: float, bin_s: float, path: Path,
@@ -172,11 +193,11 @@ def plot_day(days: dict[str, StrategyDay], duration_s: float, bin_s: float, path
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
 
 
 def write_gantt(result, path: Path) -> None:
     """The Gantt chart of one adapted plan, re-routed micro-batches hatched (planner.export)."""
     from planner.export.gantt import gantt_png
 
-    path.write_bytes(gantt_png(result.timeline_json()))
+    path.write_bytes(compact_png(gantt_png(result.timeline_json())))
