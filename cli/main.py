@@ -13,7 +13,7 @@ import sys
 
 # (module with `register(subparsers)`) for every part that adds commands; missing parts are skipped
 # so the planner works on an install without the api/executor extras.
-_PARTS = ("planner.cli", "api.cli", "executor.cli", "planner.evaluation.cli")
+_PARTS = ("planner.cli", "api.cli", "executor.cli", "evaluation.cli")
 
 
 def _version() -> str:

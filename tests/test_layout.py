@@ -17,6 +17,8 @@ FORBIDDEN = {
     "planner": {"api", "executor", "cli", "torch", "evaluation"} | WEB,
     "api": {"torch", "executor", "evaluation"},
     "executor": {"api", "evaluation"} | WEB - {"httpx"},
+    # evaluation/ consumes the planner and nothing else of the project (docs/design.md).
+    "evaluation": {"api", "executor", "cli", "torch"} | WEB,
 }
 
 
@@ -45,11 +47,22 @@ def test_package_imports_only_what_the_layout_allows(package):
     assert violations(package, FORBIDDEN[package]) == []
 
 
-def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
-    (tmp_path / "planner").mkdir()
-    (tmp_path / "planner" / "leak.py").write_text("def f():\n    import torch.nn as nn\n    return nn\n")
+@pytest.mark.parametrize(("package", "source", "root"), [
+    ("planner", "def f():\n    import torch.nn as nn\n    return nn\n", "torch"),
+    ("planner", "from evaluation.strategies import Evaluator\n", "evaluation"),
+    ("evaluation", "from api.db import Store\n", "api"),
+    ("evaluation", "import executor.worker\n", "executor"),
+])
+def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch, package, source, root):
+    (tmp_path / package / "sub").mkdir(parents=True)
+    (tmp_path / package / "sub" / "leak.py").write_text(source)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert violations("planner", FORBIDDEN["planner"]) == ["planner/leak.py imports ['torch']"]
+    assert violations(package, FORBIDDEN[package]) == [f"{package}/sub/leak.py imports ['{root}']"]
+
+
+def test_evaluation_is_a_top_level_package_outside_the_planner():
+    assert (REPO / "evaluation" / "__init__.py").is_file()
+    assert not (REPO / "planner" / "evaluation").exists()
 
 
 def test_planning_loads_neither_torch_nor_the_web_stack():

@@ -35,6 +35,23 @@ def test_tiny_suite_writes_tables_json_and_plots(tmp_path):
     assert day["failures"] > 0
     assert set(day["lookups"]) == {"precomputed", "solved_live", "reused", "live_wait_s"}
     assert "| adaptive re-routing (this planner) |" in (out / "day.md").read_text()
+    # The terminal shows the headline: the spread rows with every strategy's throughput, then the day.
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("job "))
+    assert lines[header].split()[3:9] == ["adaptive", "drop", "oobleck", "bamboo", "checkpoint", "vs"]
+    shown = [line.split() for line in lines[header + 2:header + 6]]
+    spread = [r for r in sweep["rows"] if r["pattern"] == "spread"]
+    assert len(spread) == 4 and lines[header + 6] == ""
+    for row, cells in zip(spread, shown, strict=True):
+        assert cells[2:4] == ["spread", str(row["failed"])]
+        assert [float(c) for c in cells[4:9]] == [row["strategies"][s]["throughput_mb_s"] for s in
+                                                  ("adaptive", "drop", "oobleck", "bamboo", "checkpoint")]
+    day_header = lines.index(next(line for line in lines if line.startswith("strategy ")))
+    seconds = day["hours"] * 3600
+    for name, cells in zip(day["days"], (line.split() for line in lines[day_header + 2:]), strict=False):
+        relative = day["days"][name]["useful_microbatches"] / (day["fault_free_mb_s"] * seconds)
+        assert cells[:2] == [name, f"{relative:.4f}"]
+    assert lines[-1].startswith("wrote ") and str(out) in lines[-1]
 
 
 def test_own_job_and_trace_file(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.evaluation.strategies import Evaluator, PauseModel
-from planner.evaluation.trace import Event, TraceError, poisson_trace, read_trace, simulate_day, write_trace
+from evaluation.strategies import Evaluator, PauseModel
+from evaluation.trace import Event, TraceError, poisson_trace, read_trace, simulate_day, write_trace
 from planner.spec import JobSpec
 
 JOB = JobSpec.parse({

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.evaluation.strategies import Evaluator
+from evaluation.strategies import Evaluator
 from planner.failures import normalize
 from planner.spec import JobSpec, SpecError, Worker
 

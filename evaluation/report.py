@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.evaluation.strategies import STRATEGY_TITLES
-from planner.evaluation.trace import PlanLookups, StrategyDay
+from evaluation.strategies import STRATEGY_TITLES
+from evaluation.trace import PlanLookups, StrategyDay
 
 _COLOURS = {"adaptive": "#c44e52", "drop": "#4c72b0", "oobleck": "#55a868", "bamboo": "#8172b3",
             "checkpoint": "#937860"}
@@ -41,6 +41,52 @@ def sweep_markdown(rows: list[dict], strategies: list[str]) -> str:
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def text_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A fixed-width table for the terminal, numbers right-aligned."""
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                               for i, (v, w) in enumerate(zip(row, widths, strict=True))))
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def headline_text(rows: list[dict], strategies: list[str]) -> str:
+    """The terminal's headline: each job under its first failure pattern (spread by default),
+    every strategy's throughput and adaptive's ratio over each alternative."""
+    others = [s for s in strategies if s != "adaptive"]
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["job"], r["pattern"])
+    header = ["job", "pattern", "failed"] + list(strategies)
+    if "adaptive" in strategies:
+        header += [f"vs {s}" for s in others]
+    body = []
+    for r in rows:
+        if r["pattern"] != firsts[r["job"]]:
+            continue
+        line = [f"{r['job']} ({r['shape']})", r["pattern"], r["failed"]]
+        line += [f"{r['strategies'][s]['throughput_mb_s']:.3f}" for s in strategies]
+        if "adaptive" in strategies:
+            line += [_ratio(r["adaptive_over"][s]) for s in others]
+        body.append(line)
+    note = "; vs X = adaptive's throughput / X's" if "adaptive" in strategies and others else ""
+    return (f"Throughput (micro-batches/s of the full global batch{note}):\n"
+            + text_table(header, body))
+
+
+def day_text(days: dict[str, StrategyDay], duration_s: float, fault_free_rate: float) -> str:
+    """The day's useful throughput per strategy, relative to the fault-free plan, for the terminal."""
+    body = []
+    for name, day in days.items():
+        total = day.useful_microbatches()
+        body.append([name, f"{total / (fault_free_rate * duration_s):.4f}", day.restarts,
+                     f"{day.lost_s:.0f}", f"{day.time_in_plan_s.get('paused', 0.0):.0f}"])
+    return text_table(["strategy", "vs fault-free", "restarts", "lost work (s)", "paused (s)"], body)
 
 
 def day_markdown(days: dict[str, StrategyDay], duration_s: float, fault_free_rate: float) -> str:
@@ -78,6 +124,27 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def compact_png(data: bytes, colours: int = 64) -> bytes:
+    """The same image as a palette PNG of at most `colours` colours: plots use a handful, and the
+    committed figures of docs/evaluation.md stay small (Pillow comes with matplotlib)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT).save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    path.write_bytes(compact_png(buf.getvalue()))
+
+
 def _figure(width: float, height: float):
     import matplotlib
 
@@ -108,7 +175,7 @@ def plot_sweep(rows: list[dict], strategies: list[str], path: Path) -> None:
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.5 / (3.2 * n_rows + 0.6) + 0.08, hspace=0.5, wspace=0.3)
-    fig.savefig(path, format="png")
+    _save(fig, path)
 
 
 def plot_day(days: dict[str, StrategyDay], duration_s: float, bin_s: float, path: Path,
@@ -126,11 +193,11 @@ def plot_day(days: dict[str, StrategyDay], duration_s: float, bin_s: float, path
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
 
 
 def write_gantt(result, path: Path) -> None:
     """The Gantt chart of one adapted plan, re-routed micro-batches hatched (planner.export)."""
     from planner.export.gantt import gantt_png
 
-    path.write_bytes(gantt_png(result.timeline_json()))
+    path.write_bytes(compact_png(gantt_png(result.timeline_json())))

@@ -122,7 +122,7 @@ def _check_options(args: argparse.Namespace) -> None:
 
 def _suite(args: argparse.Namespace) -> dict:
     """Jobs, sweep points and trace settings of the chosen suite (or of --job)."""
-    from planner.evaluation import scale
+    from evaluation import scale
     from planner.spec import JobSpec
 
     patterns = _csv(args.patterns, "--patterns", scale.PATTERNS)
@@ -161,9 +161,9 @@ def _suite(args: argparse.Namespace) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from planner.evaluation import report
-    from planner.evaluation.strategies import STRATEGY_NAMES, Evaluator, PauseModel
-    from planner.evaluation.trace import TraceError, poisson_trace, read_trace, simulate_day
+    from evaluation import report
+    from evaluation.strategies import STRATEGY_NAMES, Evaluator, PauseModel
+    from evaluation.trace import TraceError, poisson_trace, read_trace, simulate_day
 
     _check_options(args)
     strategies = _csv(args.strategies, "--strategies", STRATEGY_NAMES)
@@ -179,6 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                         args.baseline_schedule)
                   for label, job in suite["jobs"].items()}
     progress = not args.no_progress
+    terminal: list[str] = []
     started = time.perf_counter()
     summary = [f"# recycle bench: suite `{suite['name']}`\n",
                "Throughput = the full global batch (D x M micro-batches) per iteration time. Models and "
@@ -189,7 +190,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "jobs": {k: j.filled() for k, j in suite["jobs"].items()}}
 
     if suite["points"]:
-        from planner.evaluation.scale import run_sweep
+        from evaluation.scale import run_sweep
 
         rows = run_sweep(suite["points"], strategies, evaluators, progress)
         (out / "sweep.md").write_text(report.sweep_markdown(rows, strategies), encoding="utf-8")
@@ -197,10 +198,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report.plot_sweep(rows, strategies, out / "sweep.png")
         summary += ["## Throughput under failure sets (micro-batches/s)\n",
                     report.sweep_markdown(rows, strategies)]
+        terminal.append(report.headline_text(rows, strategies))
 
     label, job = next(iter(suite["jobs"].items()))
     if job.op_count <= GANTT_MAX_OPS and "adaptive" in strategies:
-        from planner.evaluation.scale import failure_set, max_failures
+        from evaluation.scale import failure_set, max_failures
         from planner.solve import plan
 
         failed = failure_set(job, min(2, max_failures(job)), "spread")
@@ -243,11 +245,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "binned_mb_s": d.binned(duration, bin_s)} for n, d in days.items()},
         })
         summary.append(text)
+        terminal.append(f"{t['hours']:g} hours of {label}, {source}: {fails} failures, "
+                        f"{len(events) - fails} rejoins; useful throughput over the run:\n"
+                        + report.day_text(days, duration, fault_free_rate))
 
     wall = time.perf_counter() - started
     summary.append(f"\nWall time {wall:.1f} s; adaptive planning "
                    f"{sum(e.plan_seconds for e in evaluators.values()):.1f} s of it.\n")
     (out / "summary.md").write_text("\n".join(summary), encoding="utf-8")
-    print(f"recycle bench: wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out} "
-          f"in {wall:.1f} s")
+    print(f"recycle bench, suite {suite['name']} (models and assumptions: docs/evaluation.md)\n")
+    print("\n".join(terminal))
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out} in {wall:.1f} s")
     return 0
