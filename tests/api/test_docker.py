@@ -69,10 +69,16 @@ def test_dockerfile_paths_and_commands_exist(dockerfile):
     assert (REPO / "cli" / "main.py").exists()
 
 
+def _parse(argv: list[str]):
+    from cli.main import build_parser
+
+    return build_parser().parse_args([a.replace("${RECYCLE_API_TOKEN}", "token") for a in argv])
+
+
 def test_compose_names_real_files_and_commands():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"service", "postgres", "workers"} <= set(services)
+    assert {"service", "postgres", "rendezvous", "submit"} <= set(services)
     assert services["service"]["environment"]["RECYCLE_DATABASE_URL"].startswith("postgresql+psycopg://")
     for name, svc in services.items():
         build = svc.get("build")
@@ -83,12 +89,32 @@ def test_compose_names_real_files_and_commands():
     for name, svc in services.items():
         build = svc.get("build")
         command = svc.get("command")
-        if command:
+        if command and svc.get("entrypoint") is None:
             argv = command if isinstance(command, list) else shlex.split(command)
             entry = "recycle" if build and "worker" in build["dockerfile"] else None
             check_command(([entry] if entry else []) + argv, f"compose service {name}")
             if entry:  # the arguments must parse too, not just the subcommand's name
-                from cli.main import build_parser
+                assert _parse(argv).command == argv[0]
 
-                expanded = [a.replace("${RECYCLE_API_TOKEN}", "token") for a in argv]
-                assert build_parser().parse_args(expanded).command == argv[0]
+
+def test_compose_runs_one_recycle_worker_per_container_for_every_place_of_the_submitted_job():
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    # `submit` runs `recycle profile ... && recycle submit ...` in a shell: each must parse.
+    steps = [shlex.split(part) for part in services["submit"]["command"][0].split("&&")]
+    assert [s[:2] for s in steps] == [["recycle", "profile"], ["recycle", "submit"]]
+    profile, submit = (_parse(s[1:]) for s in steps)
+    assert submit.spec == profile.output
+    D, S = profile.pipelines, profile.stages
+    workers = {n: svc for n, svc in services.items() if svc.get("command", [None])[0] == "worker"}
+    places = []
+    for name, svc in workers.items():
+        args = _parse(svc["command"])
+        assert args.job == f"@{submit.job_file}", f"{name}: reads the job id submit writes"
+        assert args.app == profile.app and args.worker is None
+        env = svc["environment"]
+        assert int(env["WORLD_SIZE"]) == D * S and env["RECYCLE_STORE"].startswith("rendezvous:")
+        rank = int(env["RANK"])
+        places.append((rank // S, rank % S))
+        assert name == f"worker-{rank // S}-{rank % S}"
+        assert svc["restart"] == "on-failure"  # and a restarted worker rejoins by itself
+    assert sorted(places) == [(p, s) for p in range(D) for s in range(S)]
