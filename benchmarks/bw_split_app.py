@@ -4,8 +4,14 @@ Per stage of the app (default: the GPT example split in 3, so stage 1 is a middl
 differentiable input): F then one ordinary `torch.autograd.backward` over the input and every
 parameter, against F then B + W through the workers' own `AppStageRunner` (executor/autograd_split).
 Rounds alternate the two variants so machine noise hits both; medians and the ratio of medians.
+On CPU the clock is the process's CPU time (`time.process_time`), so time spent descheduled by
+other processes on a shared machine does not count; on CUDA it is wall time around synchronizes.
 
     python benchmarks/bw_split_app.py [--app examples.gpt:app --stages 3 --reps 30 --device cpu]
+                                      [--glibc-default-malloc]
+
+On CPU the process keeps freed memory in its heap as every CPU worker does
+(executor/host_memory.py); `--glibc-default-malloc` measures glibc's defaults instead.
 
 Environment knobs of the GPT example: RECYCLE_GPT_LAYERS / _WIDTH / _SEQ (e.g. 6, 256, 128).
 """
@@ -21,6 +27,7 @@ import torch
 
 from executor.app import as_tuple, build_stage, call_stage, load_app
 from executor.app_stage import AppStageRunner, to_device
+from executor.host_memory import keep_freed_host_memory
 
 
 def stage_inputs(app, stages: int, device: torch.device):
@@ -36,6 +43,7 @@ def stage_inputs(app, stages: int, device: torch.device):
 
 
 def measure(app, stage: int, stages: int, x, target, reps: int, device: torch.device) -> dict:
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
     module = build_stage(app, stage, stages).to(device)
     last = stage == stages - 1
     runner = AppStageRunner(module, app, stage, stages, 1.0)
@@ -47,22 +55,22 @@ def measure(app, stage: int, stages: int, x, target, reps: int, device: torch.de
         roots = [app.loss(out, target)] if last else list(as_tuple(out))
         grads = [torch.ones_like(r) for r in roots]
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         torch.autograd.backward(roots, grads)
         sync()
-        return time.perf_counter() - t0
+        return clock() - t0
 
     def split(i: int) -> tuple[float, float]:
         out = runner.forward((0, i), x, target if last else None)
         grads = None if last else tuple(torch.ones_like(t) for t in out if t.dtype.is_floating_point)
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         runner.backward_input((0, i), grads)
         sync()
-        t1 = time.perf_counter()
+        t1 = clock()
         runner.backward_weight((0, i))
         sync()
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, clock() - t1
 
     fulls, bs, ws = [], [], []
     for i in range(reps + 3):
@@ -86,14 +94,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--glibc-default-malloc", action="store_true",
+                    help="do not keep freed host memory (what workers do on CPU)")
     args = ap.parse_args()
+    kept = False if args.glibc_default_malloc or args.device != "cpu" else keep_freed_host_memory()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     app = load_app(args.app)
     inputs, target = stage_inputs(app, args.stages, device)
     rows = [measure(app, s, args.stages, inputs[s], target, args.reps, device) for s in range(args.stages)]
     print(json.dumps({"app": args.app, "stages": args.stages, "device": args.device,
-                      "threads": args.threads, "torch": torch.__version__, "rows": rows}, indent=1))
+                      "threads": args.threads,
+                      "clock": "process CPU time" if device.type == "cpu" else "wall",
+                      "freed_host_memory_kept": kept, "torch": torch.__version__,
+                      "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ from pathlib import Path
 from executor.cluster import Fault, LiveCluster
 from executor.local import uniform_job
 from executor.model import ModelConfig
-from executor.runtime import PHASES
 from executor.service import LocalService, ServiceClient
+from executor.worker_spec import PHASES
 
 
 def main() -> None:

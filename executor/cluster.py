@@ -1,7 +1,7 @@
 """A live local cluster: D x S worker processes that follow the service, with injected faults.
 
 The launcher hosts the c10d `TCPStore` (it outlives every worker), starts each worker as its own
-process (`python -m executor.runtime`, live mode: the instruction stream comes from the service's
+process (`python -m executor.process`, live mode: the instruction stream comes from the service's
 assignment), and plays the node agent:
 
 - `Fault(worker, iteration, phase, signal)`: the worker announces reaching that phase of that
@@ -39,8 +39,8 @@ from executor.local import _start_worker
 from executor.model import ConfigError, ModelConfig
 from executor.optim import OptimConfig
 from executor.reference import TrainingResult
-from executor.runtime import PHASES, WorkerSpec
 from executor.service import ServiceClient, ServiceError
+from executor.worker_spec import PHASES, WorkerSpec
 
 GROUP_WINDOW_S = 1.0
 POLL_S = 0.02

@@ -31,7 +31,8 @@ from typing import Any
 
 from executor.comms import GenerationGroups, Interrupted, PeerLost, Timeouts, connect_store, interruptible
 from executor.membership import Membership, MembershipError
-from executor.runtime import Worker, WorkerSpec
+from executor.runtime import Worker
+from executor.worker_spec import WorkerSpec
 from planner.instructions import InstructionStream
 
 EXIT_OK, EXIT_STOPPED = 0, 3

@@ -3,7 +3,7 @@
 Used by the tests and the benchmarks. The launcher process hosts the c10d `TCPStore` (it outlives
 the workers), plans the failure set with `planner.solve.plan`, turns the plan into one
 `InstructionStream` per alive worker, and starts each worker as its own Python process
-(`python -m executor.runtime`: a real OS process that can be killed like a real worker). A worker
+(`python -m executor.process`: a real OS process that can be killed like a real worker). A worker
 in the failure set is simply never started: its micro-batches run on its stage peers as the plan
 re-routes them. Every wait is bounded: a worker that does not finish by the deadline is killed and
 the run fails with a message naming it.
@@ -27,7 +27,7 @@ from executor.data import DataConfig
 from executor.model import ConfigError, ModelConfig
 from executor.optim import OptimConfig
 from executor.reference import TrainingResult
-from executor.runtime import WorkerSpec
+from executor.worker_spec import WorkerSpec
 from planner.instructions import instruction_stream
 from planner.solve import plan
 from planner.spec import JobSpec
@@ -123,7 +123,7 @@ def _start_worker(spec_path: Path, result_path: Path, log_path: Path) -> subproc
     env = {**os.environ, "PYTHONPATH": path}
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "executor.runtime", str(spec_path), str(result_path)],
+            [sys.executable, "-m", "executor.process", str(spec_path), str(result_path)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
 

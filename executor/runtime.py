@@ -17,14 +17,9 @@ instruction in order:
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,83 +37,18 @@ from executor.app_stage import (
     to_device,
     unpack,
 )
-from executor.comms import GenerationGroups, Interrupted, Timeouts, connect_store, message_tag, torch_device
+from executor.comms import GenerationGroups, Interrupted, message_tag, torch_device
 from executor.data import DataConfig, MicrobatchSource
 from executor.model import ModelConfig, StageModule
 from executor.optim import OptimConfig, make_optimizer
 from executor.stage import StageRunner
 from executor.timing import OpTimer
+from executor.worker_spec import PHASES, WorkerSpec
 from planner.instructions import Instruction, InstructionStream
 
 RECV_WINDOW = 4
 """Receives posted ahead of the one being waited for (bounded: each holds one activation buffer)."""
 
-
-@dataclass
-class WorkerSpec:
-    """Everything a worker process needs; JSON-able so it crosses process boundaries as text."""
-
-    worker: tuple[int, int]
-    pipelines: int
-    stages: int
-    microbatches: int
-    iterations: int
-    generation: int
-    alive: list[tuple[int, int]]
-    stream: dict[str, Any]
-    model: dict[str, Any]
-    data: dict[str, Any] = field(default_factory=dict)
-    optim: dict[str, Any] = field(default_factory=dict)
-    app: str | None = None
-    """A training app `MODULE:ATTR` (contracts.md); None: the built-in model of `model`/`data`."""
-    store_host: str = "127.0.0.1"
-    """Where the c10d rendezvous store listens (the launcher's, or `recycle rendezvous`'s)."""
-    store_port: int = 0
-    device: str = "cpu"
-    """cpu (gloo) or cuda (NCCL)."""
-    local_rank: int | None = None
-    """The GPU index on this node (torchrun's LOCAL_RANK); None: the worker's rank modulo the count."""
-    bind_host: str | None = None
-    """The address this worker's gloo connections use (its node's); None: the host name's."""
-    checkpoint_dir: str | None = None
-    """Write `torch.distributed.checkpoint` checkpoints here (executor.checkpoint); shared by all
-    workers, it is also where a job that lost a whole stage restores from."""
-    checkpoint_every: int = 0
-    """... every this many iterations (0: never)."""
-    resume: bool = False
-    """Start from the newest complete checkpoint in `checkpoint_dir`."""
-    stage_lost_wait_s: float = 600.0
-    """How long to wait for a worker to rejoin a stage that lost every worker before giving up."""
-    threads: int = 1
-    operation_timeout_s: float = 60.0
-    group_setup_timeout_s: float = 120.0
-    service_url: str | None = None
-    """Live mode: follow this service's membership generations (the stream above is unused)."""
-    job_id: str | None = None
-    service_token: str | None = None
-    rejoin_at: int | None = None
-    """A restarted worker: rejoin once training has completed this many iterations (at once when
-    the job is waiting for a stage that lost every worker)."""
-    pause_at: list[str] = field(default_factory=list)
-    """Fault injection: "ITER:PHASE" points where the worker announces itself and waits to be killed."""
-    hold_at: list[list[int]] = field(default_factory=list)
-    """[ITER, P, S]: a restarted peer rejoins at ITER; while it is still failed, wait at that
-    iteration boundary (bounded) for its generation to arrive."""
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerSpec:
-        raw = json.loads(text)
-        raw["worker"] = tuple(raw["worker"])
-        raw["alive"] = [tuple(w) for w in raw["alive"]]
-        return cls(**raw)
-
-
-PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W", "allreduce": "ALLREDUCE",
-          "optimizer": "OPTIMIZER"}
-"""Fault-injection phase names and the instruction each one pauses before (its middle occurrence)."""
 
 SNAPSHOTS_KEPT = 2
 """Pre-step states kept for rollback: a worker is at most one iteration ahead of the slowest peer
@@ -471,78 +401,3 @@ class Worker:
             "op_seconds": self.timer.seconds,
             "parameters": {n: p.detach().cpu().clone() for n, p in self.module.named_parameters()},
         }
-
-
-def _finish_together(store, spec: WorkerSpec, timeouts: Timeouts) -> None:
-    """Exit barrier over the store. A completed gloo send only means the bytes left this process;
-    a worker that exited right after could close the connection before its peer has read them, and
-    the peer's receive would fail. So nobody exits before every worker of the generation is done."""
-    key = f"gen{spec.generation}/finished"
-    store.add(key, 1)
-    deadline = time.monotonic() + timeouts.operation_s
-    while store.add(key, 0) < len(spec.alive):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"peers did not finish within {timeouts.operation_s:.0f} s of this worker")
-        time.sleep(0.01)
-
-
-def _write(out: dict[str, Any], result_path: str) -> None:
-    tmp = Path(f"{result_path}.tmp{os.getpid()}")
-    torch.save(out, tmp)
-    tmp.replace(result_path)
-
-
-def worker_main(spec_json: str, result_path: str) -> int:
-    """Process entry point: train `spec.iterations` iterations, write results (or the error) to
-    `result_path` with torch.save. Never hangs: every wait is bounded by the operation timeout."""
-    spec = WorkerSpec.from_json(spec_json)
-    torch.set_num_threads(spec.threads)
-    if spec.service_url:
-        return _live_main(spec, result_path)
-    out: dict[str, Any]
-    try:
-        timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
-        store = connect_store(spec.store_host, spec.store_port, timeouts.group_setup_s)
-        groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device)
-        worker = Worker(spec)
-        worker.signature_store = store
-        worker.attach(groups, InstructionStream.model_validate(spec.stream))
-        started = time.time()
-        for it in range(spec.iterations):
-            worker.run_iteration(it)
-        _finish_together(store, spec, timeouts)
-        out = {**worker.results(), "started_s": started, "error": None}
-    except Exception as exc:  # reported to the launcher, which names the worker
-        out = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
-               "traceback": traceback.format_exc()}
-    _write(out, result_path)
-    return 0
-
-
-def _live_main(spec: WorkerSpec, result_path: str) -> int:
-    """A worker following the service (executor.daemon). It leaves with `os._exit`: threads blocked
-    in abandoned generations' gloo calls must not hold up (or crash) interpreter shutdown."""
-    from executor.daemon import daemon_main
-
-    try:
-        out, code = daemon_main(spec)
-    except Exception as exc:
-        out, code = {"worker": list(spec.worker), "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()}, 1
-    _write(out, result_path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m executor.runtime SPEC.json RESULT.pt`: how launchers start a worker process."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m executor.runtime SPEC.json RESULT.pt", file=sys.stderr)
-        return 2
-    return worker_main(Path(args[0]).read_text(), args[1])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

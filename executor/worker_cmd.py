@@ -103,7 +103,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ServiceError as exc:
         print(f"recycle worker: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    from executor.runtime import WorkerSpec, worker_main
+    from executor.process import worker_main
+    from executor.worker_spec import WorkerSpec
 
     spec = WorkerSpec(
         worker=worker, pipelines=D, stages=S, microbatches=M, iterations=args.iterations, generation=0,
