@@ -51,8 +51,13 @@ class SavedTensors:
     def total_mb(self) -> float:
         return sum(n for n, _ in self.seen.values()) / 2**20
 
-    def alive_mb(self) -> float:
-        return sum(n for n, ref in self.seen.values() if ref() is not None) / 2**20
+    def alive_mb(self, also: list[torch.Tensor] = ()) -> float:
+        """Saved storages still alive, plus the distinct storages of `also` not among them."""
+        alive = {key: n for key, (n, ref) in self.seen.items() if ref() is not None}
+        for t in also:
+            storage = t.untyped_storage()
+            alive.setdefault((storage.data_ptr(), t.device), storage.nbytes())
+        return sum(alive.values()) / 2**20
 
 
 def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, stages: int, x: Any,
@@ -80,7 +85,7 @@ def profile_app_stage(app: TrainingApp, module: torch.nn.Module, stage: int, sta
         t3 = time.perf_counter()
         out = grads = None
         gc.collect()
-        saved_mb, held_after_b_mb = saved.total_mb(), saved.alive_mb()
+        saved_mb, held_after_b_mb = saved.total_mb(), saved.alive_mb(runner.tensors_held_for_w(mb))
         runner.backward_weight(mb)
         _sync(device)
         t4 = time.perf_counter()

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from executor.app import TrainingApp, as_tuple, call_stage
 from executor.autograd_split import PendingWeightGrad, backward_input, backward_weight
+from executor.deferred_modules import MicrobatchWeights, WeightRecorder, swap_weight_layers, used_elsewhere
 from executor.stage import IterationBook, StageError
 
 Microbatch = tuple[int, int]
@@ -82,13 +83,22 @@ class AppStageRunner(IterationBook):
     """F / B / W of one stage module for the micro-batches of the current iteration."""
 
     def __init__(self, module: torch.nn.Module, app: TrainingApp, stage: int, stages: int,
-                 loss_scale: float):
+                 loss_scale: float, swap_layers: bool = True):
         self.module, self.app = module, app
         self.first, self.last = stage == 0, stage == stages - 1
         self.loss_scale = loss_scale
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self._forwarded: dict[Microbatch, tuple[list[Tensor], list[Tensor]]] = {}
-        self._awaiting_w: dict[Microbatch, PendingWeightGrad] = {}
+        # B/W split: stock weight layers defer their weight gradients themselves
+        # (deferred_modules); the generic graph split handles every other parameter. The first
+        # stage's input takes no gradient, so its B is empty and its W is one ordinary backward:
+        # swapped layers would only add their Python overhead there (benchmarks/bw_split_app.py).
+        self.recorder = WeightRecorder()
+        swap = swap_layers and not self.first
+        self._swapped = swap_weight_layers(module, self.recorder) if swap else []
+        self.graph_params = self._generic(self._swapped)
+        self._coverage_checked = False
+        self._forwarded: dict[Microbatch, tuple[list[Tensor], list[Tensor], MicrobatchWeights]] = {}
+        self._awaiting_w: dict[Microbatch, tuple[PendingWeightGrad, MicrobatchWeights]] = {}
         self.losses: dict[Microbatch, float] = {}
         self.output_signature: Signature | None = None
         self._input_signature: Signature | None = None
@@ -98,23 +108,45 @@ class AppStageRunner(IterationBook):
         send (detached), or None on the last stage (its loss is kept in `losses`)."""
         if mb in self._forwarded or mb in self._awaiting_w:
             raise StageError(f"F of micro-batch {list(mb)} twice in one iteration")
-        if self.first:
-            inputs: list[Tensor] = []
-            out = self.module(x)
-        else:
-            inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in x]
-            self._input_signature = signature_of(tuple(inputs))
-            out = call_stage(self.module, tuple(inputs))
+        weights = MicrobatchWeights()
+        self.recorder.current = weights
+        try:
+            if self.first:
+                inputs: list[Tensor] = []
+                out = self.module(x)
+            else:
+                inputs = [t.detach().requires_grad_(t.dtype.is_floating_point) for t in x]
+                self._input_signature = signature_of(tuple(inputs))
+                out = call_stage(self.module, tuple(inputs))
+        finally:
+            self.recorder.current = None
         if self.last:
             loss = self.app.loss(out, target)
             self.losses[mb] = float(loss.detach())
-            self._forwarded[mb] = (inputs, [loss * self.loss_scale])
-            return None
-        outputs = as_tuple(out)
-        if self.output_signature is None:
-            self.output_signature = signature_of(outputs)
-        self._forwarded[mb] = (inputs, list(outputs))
-        return tuple(t.detach() for t in outputs)
+            roots = [loss * self.loss_scale]
+        else:
+            roots = list(as_tuple(out))
+            if self.output_signature is None:
+                self.output_signature = signature_of(tuple(roots))
+        self._check_coverage(roots)
+        self._forwarded[mb] = (inputs, roots, weights)
+        return None if self.last else tuple(t.detach() for t in roots)
+
+    def _generic(self, swapped: list[Tensor]) -> list[Tensor]:
+        ids = {id(p) for p in swapped}
+        return [p for p in self.params if id(p) not in ids]
+
+    def _check_coverage(self, roots: list[Tensor]) -> None:
+        """Once: a swapped layer's parameter that the graph also uses elsewhere goes back to the
+        generic split, which then adds the other uses' gradient to the deferred one."""
+        if self._coverage_checked:
+            return
+        self._coverage_checked = True
+        shared = used_elsewhere([t for t in roots if t.requires_grad], self._swapped)
+        if shared:
+            ids = {id(p) for p in shared}
+            self._swapped = [p for p in self._swapped if id(p) not in ids]
+            self.graph_params = self._generic(self._swapped)
 
     def backward_input(self, mb: Microbatch, grads: tuple[Tensor, ...] | None) -> list[Tensor] | None:
         """B. `grads`: the received gradients of this stage's float outputs (None on the last
@@ -122,7 +154,7 @@ class AppStageRunner(IterationBook):
         state = self._forwarded.pop(mb, None)
         if state is None:
             raise StageError(f"B of micro-batch {list(mb)} without a pending F")
-        inputs, outputs = state
+        inputs, outputs, weights = state
         if self.last:
             pairs = [(outputs[0], torch.ones_like(outputs[0]))]
         else:
@@ -136,20 +168,32 @@ class AppStageRunner(IterationBook):
         outs = [t for t, _ in pairs]
         out_grads = [g for _, g in pairs]
         if outs:
-            input_grads, pending = backward_input(outs, out_grads, inputs, self.params)
+            input_grads, pending = backward_input(outs, out_grads, inputs, self.graph_params)
+            if not pending.outputs and weights.orphan_params():
+                pending.outputs, pending.output_grads = outs, out_grads  # W must reach them
         else:  # nothing differentiable reached this stage's outputs: no gradient flows through it
             input_grads, pending = [None] * len(inputs), PendingWeightGrad()
-        self._awaiting_w[mb] = pending
+        self._awaiting_w[mb] = (pending, weights)
         if self.first:
             return None
         return [g if g is not None else torch.zeros_like(t)
                 for t, g in zip(inputs, input_grads, strict=True) if t.dtype.is_floating_point]
 
+    def tensors_held_for_w(self, mb: Microbatch) -> list[Tensor]:
+        """What micro-batch `mb` keeps alive between its B and its W besides saved activations:
+        the gradients W starts from (memory profiling, `activation_w_mb`)."""
+        pending, weights = self._awaiting_w[mb]
+        captured = [g for group in pending.groups for grads in group.get("grads", ())
+                    for g in grads or () if isinstance(g, Tensor)]
+        return [*pending.output_grads, *captured, *weights.held_tensors()]
+
     def backward_weight(self, mb: Microbatch) -> None:
-        pending = self._awaiting_w.pop(mb, None)
-        if pending is None:
+        state = self._awaiting_w.pop(mb, None)
+        if state is None:
             raise StageError(f"W of micro-batch {list(mb)} without a finished B")
-        backward_weight(pending, self.params)
+        pending, weights = state
+        backward_weight(pending, self.graph_params, also_reach=weights.orphan_params())
+        weights.flush()
 
 
 class ReplicaState:

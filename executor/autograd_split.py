@@ -59,6 +59,11 @@ def backward_input(outputs: list[torch.Tensor], output_grads: list[torch.Tensor]
     if not diff_inputs:
         return [None] * len(inputs), PendingWeightGrad(outputs=outputs, output_grads=output_grads,
                                                        direct=params)
+    if not params:  # nothing for W here: no graph to walk (retained: the caller may still need it)
+        grads = torch.autograd.grad(outputs, diff_inputs, output_grads, retain_graph=True,
+                                    allow_unused=True)
+        by_input = {id(t): g for t, g in zip(diff_inputs, grads, strict=True)}
+        return [by_input.get(id(t)) for t in inputs], PendingWeightGrad()
     output_nodes = [n for n in map(_get_grad_fn_or_grad_acc, outputs) if n is not None]
     input_nodes = [n for n in map(_get_grad_fn_or_grad_acc, diff_inputs) if n is not None]
     node_of = {id(p): _get_grad_fn_or_grad_acc(p) for p in params}
@@ -91,9 +96,14 @@ def backward_input(outputs: list[torch.Tensor], output_grads: list[torch.Tensor]
     return [by_input.get(id(t)) for t in inputs], pending
 
 
-def backward_weight(pending: PendingWeightGrad, params: list[torch.nn.Parameter]) -> None:
-    """W: accumulate the parameters' gradients into `.grad` and free the graph."""
+def backward_weight(pending: PendingWeightGrad, params: list[torch.nn.Parameter],
+                    also_reach: list[torch.Tensor] = ()) -> None:
+    """W: accumulate the parameters' gradients into `.grad` and free the graph. `also_reach`:
+    tensors whose backward nodes must run in this pass from the outputs although their gradient is
+    not wanted here (the weights of swapped layers that B did not reach, `deferred_modules`)."""
     by_node = {_get_grad_fn_or_grad_acc(p): p for p in params if p.requires_grad}
+    reach = [t for t in also_reach if all(t is not p for p in pending.direct)]
+    from_outputs = bool(pending.outputs) and bool(pending.direct or reach)
     for n, group in enumerate(pending.groups):
         edges, grads = [], []
         for captured, node in zip(group["grads"], group["intermediates"], strict=True):
@@ -110,7 +120,7 @@ def backward_weight(pending: PendingWeightGrad, params: list[torch.nn.Parameter]
                 handles.append(node.register_prehook(lambda _grads, c=captured: c))
         nodes = list(group["params"])
         group_params = [by_node[node] for node in nodes]
-        keep = n < len(pending.groups) - 1 or bool(pending.direct and pending.outputs)
+        keep = n < len(pending.groups) - 1 or from_outputs
         try:
             dweights = torch.autograd.grad(edges, [GradientEdge(node, 0) for node in nodes],
                                            grad_outputs=grads, retain_graph=keep, allow_unused=True)
@@ -119,10 +129,10 @@ def backward_weight(pending: PendingWeightGrad, params: list[torch.nn.Parameter]
                 h.remove()
         for p, g in zip(group_params, dweights, strict=True):
             _accumulate(p, g)
-    if pending.direct:
-        dweights = torch.autograd.grad(pending.outputs, pending.direct, pending.output_grads,
+    if from_outputs:
+        dweights = torch.autograd.grad(pending.outputs, pending.direct + reach, pending.output_grads,
                                        allow_unused=True)
-        for p, g in zip(pending.direct, dweights, strict=True):
+        for p, g in zip(pending.direct, dweights, strict=False):
             _accumulate(p, g)
     pending.groups.clear()
     pending.outputs, pending.output_grads = [], []

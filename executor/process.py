@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from executor.comms import GenerationGroups, Timeouts, connect_store
-from executor.host_memory import keep_freed_host_memory
 from executor.runtime import Worker
 from executor.worker_spec import WorkerSpec
 from planner.instructions import InstructionStream
@@ -46,8 +45,6 @@ def worker_main(spec_json: str, result_path: str) -> int:
     `result_path` with torch.save. Never hangs: every wait is bounded by the operation timeout."""
     spec = WorkerSpec.from_json(spec_json)
     torch.set_num_threads(spec.threads)
-    if spec.device == "cpu":
-        keep_freed_host_memory()
     if spec.service_url:
         return _live_main(spec, result_path)
     out: dict[str, Any]

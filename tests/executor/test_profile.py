@@ -57,20 +57,30 @@ def test_registering_the_commands_does_not_import_torch():
 
 
 def test_app_profile_measures_memory_held_from_f_to_b_and_from_b_to_w():
-    """Hand-worked: a stage that is one bias-free Linear(256, 256) on a (64, 256) fp32 input saves
-    only its input for backward (64 x 256 x 4 B = 0.0625 MB) and sends a same-sized output: 0.125 MB
-    from F to B. B (input gradient) needs only the weight; W needs the input, which stays alive until
-    W runs: 0.0625 MB from B to W."""
+    """Hand-worked, fp32, a (64, 256) micro-batch: every activation below is 64 x 256 x 4 B = 0.0625 MB.
+
+    Middle stage `Linear(256, 256, bias=False) -> GELU`: F saves the Linear's input and the GELU's
+    input and sends the output: 3 x 0.0625 = 0.1875 MB from F to B. B frees the GELU's input; W
+    still needs the Linear's input and the gradient of its output: 2 x 0.0625 = 0.125 MB from B to W.
+
+    First stage `Linear(256, 256, bias=False)` on raw data: the input has no gradient, so B does
+    nothing and W, the whole backward, needs the input and the received output gradient: 0.125 MB
+    from F to B (input + output) and 0.125 MB from B to W."""
     import types
 
     import torch
 
     from executor.app_profile import profile_app_stage
 
-    torch.manual_seed(0)
-    module = torch.nn.Linear(256, 256, bias=False)
     app = types.SimpleNamespace(loss=lambda out, target: out.mean(),
                                 optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
-    row = profile_app_stage(app, module, 0, 2, torch.randn(64, 256), None, 2, torch.device("cpu"))
+    torch.manual_seed(0)
+    middle = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.GELU())
+    row = profile_app_stage(app, middle, 1, 3, (torch.randn(64, 256),), None, 2, torch.device("cpu"))
+    assert row["activation_mb"] == pytest.approx(0.1875)
+    assert row["activation_w_mb"] == pytest.approx(0.125)
+
+    first = torch.nn.Linear(256, 256, bias=False)
+    row = profile_app_stage(app, first, 0, 2, torch.randn(64, 256), None, 2, torch.device("cpu"))
     assert row["activation_mb"] == pytest.approx(0.125)
-    assert row["activation_w_mb"] == pytest.approx(0.0625)
+    assert row["activation_w_mb"] == pytest.approx(0.125)
