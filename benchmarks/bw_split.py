@@ -38,32 +38,34 @@ def measure(module: StageModule, cfg: ModelConfig, batch: int, reps: int, device
     y = y.to(device) if y is not None else None
     grad = None if module.last else torch.randn(batch, cfg.seq_len, cfg.width, generator=gen).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    # CPU: the process's CPU time, so time descheduled by other processes on a shared box does not count
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
     full, b_times, w_times = [], [], []
     for rep in range(reps + 3):
         module.zero_grad(set_to_none=True)
         out = module(x, y, None)
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         if module.first:
             out.backward(grad)
         else:
             torch.autograd.backward(out, grad, inputs=[x, *module.parameters()])
         sync()
-        t_full = time.perf_counter() - t0
+        t_full = clock() - t0
         module.zero_grad(set_to_none=True)
         store = WeightGradStore()
         out = module(x, y, store)
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         if module.first:
             out.backward(grad)
         else:
             torch.autograd.grad(out, x, grad)
         sync()
-        t1 = time.perf_counter()
+        t1 = clock()
         store.flush()
         sync()
-        t2 = time.perf_counter()
+        t2 = clock()
         if rep >= 3:  # warm-up excluded
             full.append(t_full)
             b_times.append(t1 - t0)
