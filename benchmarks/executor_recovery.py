@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from executor.cluster import Fault, LiveCluster
+from executor.fault_points import PHASES
 from executor.local import uniform_job
 from executor.model import ModelConfig
 from executor.service import LocalService, ServiceClient
-from executor.worker_spec import PHASES
 
 
 def main() -> None:

@@ -35,12 +35,13 @@ import torch
 import torch.distributed as dist
 
 from executor.data import DataConfig
+from executor.fault_points import PHASES, hold_release_key, reached_key
 from executor.local import _start_worker
 from executor.model import ConfigError, ModelConfig
 from executor.optim import OptimConfig
 from executor.reference import TrainingResult
 from executor.service import ServiceClient, ServiceError
-from executor.worker_spec import PHASES, WorkerSpec
+from executor.worker_spec import WorkerSpec
 
 GROUP_WINDOW_S = 1.0
 POLL_S = 0.02
@@ -229,7 +230,7 @@ class LiveCluster:
         while True:
             now = time.monotonic()
             for f in pending:
-                key = f"reached/{f.worker[0]}:{f.worker[1]}"
+                key = reached_key(f.worker)
                 if f not in reached_at and store.check([key]) and store.get(key).decode() == f.point:
                     reached_at[f] = now
             due = [f for f in reached_at if f in pending and all(
@@ -243,7 +244,7 @@ class LiveCluster:
                     code = proc.popen.returncode
                     proc.state = {0: "done", 3: "stopped"}.get(code, "crashed")
                     if proc.rejoin_at is not None and proc.state != "done":
-                        store.set(f"release-hold/{proc.rejoin_at}", "1")  # nobody waits for it
+                        store.set(hold_release_key(proc.rejoin_at), "1")  # nobody waits for it
                     if proc.state == "crashed" and self.agent_reports:
                         self._report(w, f"process exited with code {code}")
             done = [int(store.get(f"progress/{p}:{s}")) for p in range(self.D) for s in range(self.S)

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from executor.comms import GenerationGroups, Interrupted, PeerLost, Timeouts, connect_store, interruptible
+from executor.fault_points import FaultPoints
 from executor.membership import Membership, MembershipError
 from executor.runtime import Worker
 from executor.worker_spec import WorkerSpec
@@ -63,35 +64,14 @@ class Daemon:
         self.worker = Worker(spec)
         self.worker.keep_snapshots = True
         self.worker.signature_store = self.store
-        self.worker.phase_hook = self._pause
+        # the test-only seam: None for every worker a user starts (no pause or hold points)
+        self.faults = FaultPoints.of(self.store, spec.worker, spec.pause_at, spec.hold_at,
+                                     self.timeouts.operation_s, self.member.changed)
+        if self.faults is not None:
+            self.worker.before_phase = self.faults.pause
         self.has_state = spec.rejoin_at is None
         self.generations: list[dict[str, Any]] = []
-        self.held: set[int] = set()
         self.name = key(spec.worker)
-
-    # ------------------------------------------------------------------------- fault injection
-    def _pause(self, iteration: int, phase: str) -> None:
-        """Announce reaching a phase the launcher asked about, and wait (bounded) to be released:
-        the launcher kills or stops this process here, so the fault lands exactly in that phase."""
-        point = f"{iteration}:{phase}"
-        if point not in self.spec.pause_at:
-            return
-        self.store.set(f"reached/{self.name}", point)
-        release = f"release/{self.name}/{point}"
-        deadline = time.monotonic() + self.timeouts.operation_s
-        while not self.store.check([release]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def _hold(self, iteration: int) -> None:
-        """Fault injection's rejoin point: wait at this iteration boundary until the rejoiner's
-        generation arrives (raises Interrupted), the launcher gives up on it, or the bound passes."""
-        self.held.add(iteration)
-        release = f"release-hold/{iteration}"
-        deadline = time.monotonic() + self.timeouts.operation_s
-        while not self.store.check([release]) and time.monotonic() < deadline:
-            if self.member.changed.is_set():
-                raise Interrupted(f"rejoin at iteration {iteration}")
-            time.sleep(0.01)
 
     # ------------------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
@@ -193,10 +173,10 @@ class Daemon:
                                  "failed": a["failed"], "predicted_ms": a.get("iteration_ms"),
                                  "reason": a.get("reason")})
         failed = {tuple(w) for w in a["failed"]}
-        holds = {it for it, p, s in spec.hold_at if (p, s) in failed}
+        holds = self.faults.holds(failed) if self.faults is not None else set()
         for it in range(restart, spec.iterations):
-            if it in holds and it not in self.held:
-                self._hold(it)
+            if it in holds and self.faults.hold(it):
+                raise Interrupted(f"rejoin at iteration {it}")
             worker.run_iteration(it)
             if it in worker.losses:  # the launcher's record: outlives this process if it is killed
                 store.set(f"loss/{it}", repr(worker.losses[it]))

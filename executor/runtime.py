@@ -39,11 +39,12 @@ from executor.app_stage import (
 )
 from executor.comms import GenerationGroups, Interrupted, message_tag, torch_device
 from executor.data import DataConfig, MicrobatchSource
+from executor.fault_points import pause_positions
 from executor.model import ModelConfig, StageModule
 from executor.optim import OptimConfig, make_optimizer
 from executor.stage import StageRunner
 from executor.timing import OpTimer
-from executor.worker_spec import PHASES, WorkerSpec
+from executor.worker_spec import WorkerSpec
 from planner.instructions import Instruction, InstructionStream
 
 RECV_WINDOW = 4
@@ -101,7 +102,8 @@ class Worker:
         self.timer = OpTimer(self.device)
         self.keep_snapshots = False
         self._snapshots: dict[int, Any] = {}
-        self.phase_hook: Callable[[int, str], None] | None = None
+        self.before_phase: Callable[[int, str], None] | None = None
+        """Fault injection only (executor/fault_points.py): called before each phase's pause point."""
         self.groups: GenerationGroups | None = None
         self.stream: InstructionStream | None = None
         self.predicted_ms = 0.0
@@ -111,11 +113,8 @@ class Worker:
         if tuple(stream.worker) != self.spec.worker:
             raise ValueError(f"stream is for worker {list(stream.worker)}, not {list(self.spec.worker)}")
         self.groups, self.stream, self.predicted_ms = groups, stream, predicted_ms
-        self._pauses = {}
-        for phase, op in PHASES.items():
-            where = [i for i, ins in enumerate(stream.instructions) if ins.op == op]
-            if where:
-                self._pauses[where[len(where) // 2]] = phase
+        self._pauses = ({} if self.before_phase is None
+                        else pause_positions([ins.op for ins in stream.instructions]))
 
     # ------------------------------------------------------------------------- optimizer state
     def _init_optimizer_state(self) -> None:
@@ -263,8 +262,8 @@ class Worker:
         sends: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
         post_receives()
         for position, ins in enumerate(stream.instructions):
-            if self.phase_hook is not None and position in self._pauses:
-                self.phase_hook(iteration, self._pauses[position])
+            if position in self._pauses:
+                self.before_phase(iteration, self._pauses[position])
             started = self.timer.start()
             mb = tuple(ins.microbatch) if ins.microbatch is not None else None
             if ins.op == "RECV":

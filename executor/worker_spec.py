@@ -67,8 +67,3 @@ class WorkerSpec:
         raw["worker"] = tuple(raw["worker"])
         raw["alive"] = [tuple(w) for w in raw["alive"]]
         return cls(**raw)
-
-
-PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W", "allreduce": "ALLREDUCE",
-          "optimizer": "OPTIMIZER"}
-"""Fault-injection phase names and the instruction each one pauses before (its middle occurrence)."""
