@@ -1,8 +1,16 @@
 """The `recycle` console script: a thin dispatcher.
 
-Each part registers its own subcommands from a light module (argument definitions only); the heavy
-imports (OR-Tools, FastAPI, torch) happen inside the command that needs them, so `recycle --help`
-and `recycle plan` never load torch or the web stack.
+`cli/` holds every command's argument parsing and output; the packages hold the logic the commands
+call (planner/, evaluation/, api/, executor/ never import cli/, tests/test_layout.py). Each module
+here registers its subcommands with argument definitions only: the heavy imports (OR-Tools,
+FastAPI, torch) happen inside the command that needs them, so `recycle --help` and `recycle plan`
+never load torch or the web stack.
+
+    plan.py, precompute.py   recycle plan | simulate | precompute
+    serve.py                 recycle serve
+    executor.py              recycle profile | train, and registers worker.py, rendezvous, submit.py
+    train.py                 recycle train's run and its summary table
+    bench.py                 recycle bench
 """
 
 from __future__ import annotations
@@ -12,9 +20,9 @@ import importlib
 import os
 import sys
 
-# (module with `register(subparsers)`) for every part that adds commands; missing parts are skipped
-# so the planner works on an install without the api/executor extras.
-_PARTS = ("planner.cli", "api.cli", "executor.cli", "evaluation.cli")
+# modules with `register(subparsers)`; a part whose import fails for a missing optional package is
+# skipped so the planner works on an install without the api/executor extras.
+_PARTS = ("cli.plan", "cli.serve", "cli.executor", "cli.bench")
 
 
 def _version() -> str:

@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 WEB = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "httptools", "uvloop", "psycopg"}
 FORBIDDEN = {
     "planner": {"api", "executor", "cli", "torch", "evaluation"} | WEB,
-    "api": {"torch", "executor", "evaluation"},
-    "executor": {"api", "evaluation"} | WEB - {"httpx"},
+    # cli/ holds every command's parsing and output and calls into the packages, never the reverse
+    "api": {"torch", "executor", "evaluation", "cli"},
+    "executor": {"api", "evaluation", "cli"} | WEB - {"httpx"},
     # evaluation/ consumes the planner and nothing else of the project (docs/design.md).
     "evaluation": {"api", "executor", "cli", "torch"} | WEB,
 }
@@ -52,12 +53,22 @@ def test_package_imports_only_what_the_layout_allows(package):
     ("planner", "from evaluation.strategies import Evaluator\n", "evaluation"),
     ("evaluation", "from api.db import Store\n", "api"),
     ("evaluation", "import executor.worker\n", "executor"),
+    ("executor", "from cli.worker import place\n", "cli"),
+    ("api", "import cli.serve\n", "cli"),
 ])
 def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch, package, source, root):
     (tmp_path / package / "sub").mkdir(parents=True)
     (tmp_path / package / "sub" / "leak.py").write_text(source)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert violations(package, FORBIDDEN[package]) == [f"{package}/sub/leak.py imports ['{root}']"]
+
+
+def test_command_code_lives_in_cli_only():
+    """Argument parsing belongs to cli/: no package keeps a command module of its own."""
+    strays = [str(p.relative_to(REPO)) for package in FORBIDDEN for p in (REPO / package).rglob("*.py")
+              if p.stem == "cli" or p.stem.endswith(("_cli", "_cmd"))
+              or "argparse" in imported_roots(p)]
+    assert strays == []
 
 
 def test_evaluation_is_a_top_level_package_outside_the_planner():

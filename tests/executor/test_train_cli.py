@@ -64,7 +64,7 @@ def test_a_job_file_of_another_shape_is_refused(tmp_path):
 def test_the_table_marks_kills_rejoins_and_a_checkpoint_restore():
     """A hand-written report: both stage-1 workers killed in iteration 3, the job restored from
     checkpoint step-2 when 0:1 came back (generation 4), and 1:1 back at iteration 4 (generation 5)."""
-    from executor.train import _events
+    from cli.train import _events
 
     kill = {"phase": "backward_input", "iteration": 3, "recovery_ms": None, "detected_ms": None}
     report = {

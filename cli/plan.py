@@ -1,4 +1,4 @@
-"""`recycle plan | simulate | precompute`: the planner's command line (precompute: precompute_cli.py).
+"""`recycle plan | simulate | precompute`: the planner's command line (precompute: cli/precompute.py).
 
 `register` only defines arguments (cli/main.py imports it for every `recycle` call, `--help`
 included); the planner, numpy and matplotlib are imported inside the commands. Bad input never
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _precompute(args: argparse.Namespace) -> int:
-    from planner.precompute_cli import cmd_precompute
+    from cli.precompute import cmd_precompute
 
     return cmd_precompute(args)
 

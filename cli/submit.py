@@ -24,7 +24,7 @@ def _err(message: str) -> None:
 
 def read_job_id(text: str) -> str:
     """`--job` of `recycle worker`: the id itself, or `@PATH` of a file holding it."""
-    from executor.worker_cmd import WorkerInputError
+    from cli.worker import WorkerInputError
 
     if not text.startswith("@"):
         return text

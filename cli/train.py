@@ -72,12 +72,12 @@ def check_device(device: str, workers: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from cli.worker import WorkerInputError, check_checkpoint_options
     from executor.app import AppError, load_app, validate_app
     from executor.cluster import LiveCluster, LiveRunError, check_faults, parse_kill, parse_rejoin
     from executor.data import DataConfig
     from executor.model import ConfigError, ModelConfig
     from executor.service import LocalService, ServiceClient, ServiceError
-    from executor.worker_cmd import WorkerInputError, check_checkpoint_options
     from planner.spec import SpecError
 
     try:

@@ -68,9 +68,9 @@ def place(flag: str | None, env: dict[str, str], pipelines: int, stages: int) ->
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from cli.submit import read_job_id
     from executor.app import AppError, load_app, validate_app
     from executor.service import ServiceClient, ServiceError
-    from executor.submit_cmd import read_job_id
 
     env = dict(os.environ)
     token = env.get("RECYCLE_TOKEN") or None

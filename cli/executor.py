@@ -32,10 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the job spec here instead of stdout")
     p.set_defaults(run=cmd_profile)
     _register_train(subparsers)
-    from executor.worker_cmd import register as register_worker
+    from cli.worker import register as register_worker
 
     register_worker(subparsers, _one_line_errors)
-    from executor.submit_cmd import register as register_submit
+    from cli.submit import register as register_submit
 
     register_submit(subparsers, _one_line_errors)
 
@@ -69,7 +69,7 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--report", metavar="FILE", help="write iterations, failures and parameter norms as JSON")
     t.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (gloo) or cuda (NCCL; one GPU per worker on this host)")
-    from executor.worker_cmd import checkpoint_options
+    from cli.worker import checkpoint_options
 
     checkpoint_options(t)
     t.add_argument("--check-exact", action="store_true",
@@ -79,7 +79,7 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from executor.train import cmd_train
+    from cli.train import cmd_train
 
     return cmd_train(args)
 

@@ -81,9 +81,9 @@ def _check_reachable(settings) -> None:
                              f"{exc.strerror}") from None
 
 
-if __name__ == "__main__":  # `python -m api.cli` runs the service without the recycle dispatcher
+if __name__ == "__main__":  # `python -m cli.serve` runs the service without the recycle dispatcher
 
-    ns = argparse.ArgumentParser(prog="python -m api.cli")
+    ns = argparse.ArgumentParser(prog="python -m cli.serve")
     sub = ns.add_subparsers(dest="command", required=True)
     register(sub)
     args = ns.parse_args(sys.argv[1:] or ["serve"])

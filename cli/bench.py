@@ -12,7 +12,7 @@ import math
 import time
 from pathlib import Path
 
-from planner.cli import CliError, _add, _guarded, load_job
+from cli.plan import CliError, _add, _guarded, load_job
 
 SUITES = ("tiny", "gpt-8x8x24", "scale", "day-4096")
 GANTT_MAX_OPS = 60_000
