@@ -64,10 +64,12 @@ plans = Table(
     UniqueConstraint("job_id", "failed_key", name="uq_plans_job_failed"),
 )
 
+# No foreign key to jobs (schema v3): an operation outlives its job's delete, as `cancelled`, so a
+# client polling it learns why it stopped instead of getting a 404.
 operations = Table(
     "operations", metadata,
     Column("id", String(32), primary_key=True),
-    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", String(32), nullable=False),
     Column("kind", String(32), nullable=False),
     Column("max_failures", Integer, nullable=False),
     Column("status", String(16), nullable=False, comment="running | done | cancelled | failed"),
@@ -111,7 +113,22 @@ def _v2_indexes(conn: Connection) -> None:
     Index("ix_operations_job", operations.c.job_id).create(conn)
 
 
-MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1_initial), (2, _v2_indexes)]
+def _v3_operations_outlive_jobs(conn: Connection) -> None:
+    """Rebuild `operations` without its foreign key (portable: SQLite cannot drop a constraint)."""
+    conn.execute(text(
+        "CREATE TABLE operations_v3 (id VARCHAR(32) NOT NULL PRIMARY KEY, job_id VARCHAR(32) NOT NULL, "
+        "kind VARCHAR(32) NOT NULL, max_failures INTEGER NOT NULL, status VARCHAR(16) NOT NULL, "
+        "total INTEGER NOT NULL, done INTEGER NOT NULL, error TEXT, created_at FLOAT NOT NULL, "
+        "updated_at FLOAT NOT NULL)"))
+    columns = ", ".join(c.name for c in operations.columns)
+    conn.execute(text(f"INSERT INTO operations_v3 ({columns}) SELECT {columns} FROM operations"))
+    conn.execute(text("DROP TABLE operations"))
+    conn.execute(text("ALTER TABLE operations_v3 RENAME TO operations"))
+    Index("ix_operations_job", operations.c.job_id).create(conn)
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
+    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

@@ -10,6 +10,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.coordination import Coordinator
+from api.lru import LRU
 from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.precompute import Precomputer
@@ -29,17 +30,40 @@ class Services:
     precomputer: Precomputer
     coordinator: Coordinator
     schema_version: int
-    jobs: dict[str, JobRow] = field(default_factory=dict)
-    """Jobs are immutable once created: cached by id, dropped on delete."""
+    jobs: LRU[str, JobRow] = field(default_factory=lambda: LRU(4096))
+    """Jobs are immutable once created: cached by id (bounded, least recently used go), dropped on delete."""
+    deletes: int = 0
+    """Bumped by every job delete: a read that started before one does not cache what it read."""
 
     async def job(self, job_id: str) -> JobRow:
         found = self.jobs.get(job_id)
         if found is None:
+            deletes = self.deletes
             found = await in_thread(self.store.get_job, job_id)
             if found is None:
                 raise Problem(404, f"no job {job_id}", field="job_id")
-            self.jobs[job_id] = found
+            # A delete that ran while we read may have removed the row after we saw it: caching it
+            # now would bring the job back for every later request.
+            if self.deletes == deletes:
+                self.jobs.put(job_id, found)
         return found
+
+    def remember_job(self, row: JobRow) -> None:
+        self.jobs.put(row.id, row)
+
+    async def delete_job(self, job_id: str) -> bool:
+        """Database row first, then every in-memory trace, then the job's running work."""
+        self.deletes += 1
+        try:
+            deleted = await in_thread(self.store.delete_job, job_id)
+        finally:
+            self.deletes += 1
+            self.jobs.pop(job_id, None)
+            self.coordinator.forget_job(job_id)
+            self.plans.forget_job(job_id)
+            self.precomputer.forget_job(job_id)
+            self.solver.forget_job(job_id)
+        return deleted
 
 
 def get_services(request: Request) -> Services:

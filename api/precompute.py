@@ -34,6 +34,7 @@ class Precomputer:
         self.store, self.solver = store, solver
         self.parallel, self.max_classes = parallel, max_classes
         self._tasks: dict[str, asyncio.Task] = {}
+        self._job_of: dict[str, str] = {}  # operation -> job, for the running ones
         self._rate: dict[str, tuple[float, int]] = {}  # operation -> (resumed at, done at resume)
 
     async def start(self, job: JobRow, max_failures: int) -> dict:
@@ -56,7 +57,20 @@ class Precomputer:
 
     def _launch(self, op_id: str, job: JobRow, classes: list[tuple[Worker, ...]]) -> None:
         self._tasks[op_id] = asyncio.create_task(self._run(op_id, job, classes))
-        self._tasks[op_id].add_done_callback(lambda _: self._tasks.pop(op_id, None))
+        self._job_of[op_id] = job.id
+
+        def done(_: asyncio.Task) -> None:
+            self._tasks.pop(op_id, None)
+            self._job_of.pop(op_id, None)
+
+        self._tasks[op_id].add_done_callback(done)
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted (its operations are marked cancelled in the same transaction): stop."""
+        for op_id in [o for o, j in self._job_of.items() if j == job_id]:
+            task = self._tasks.pop(op_id, None)
+            if task is not None:
+                task.cancel()
 
     def eta_s(self, op: dict) -> float | None:
         rate = self._rate.get(op["id"])

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
+from api.store import JobGone
 from planner.spec import SpecError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -90,6 +91,10 @@ def install(app: FastAPI) -> None:
     async def _spec(request: Request, exc: SpecError) -> Response:
         return problem_response(422, str(exc), request.url.path, exc.field,
                                 [{"field": exc.field, "message": str(exc)}])
+
+    @app.exception_handler(JobGone)
+    async def _gone(request: Request, exc: JobGone) -> Response:
+        return problem_response(404, str(exc), request.url.path, "job_id")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

@@ -59,6 +59,12 @@ class Solver:
         for process in processes:
             process.join(timeout=5)
 
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted: drop its queued solves (a running one ends with its time limit)."""
+        for task in list(self._tasks):
+            if getattr(task, "solve_key", (None,))[0] == job_id:
+                task.cancel()
+
     def in_flight(self, job_id: str, class_key: str) -> bool:
         return (job_id, class_key) in self._inflight
 
@@ -72,6 +78,7 @@ class Solver:
         self._inflight[key] = future
         self.metrics.solves_in_flight.inc()
         task = asyncio.create_task(self._run(key, job, canonical_failed, future))
+        task.solve_key = key  # type: ignore[attr-defined]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return future

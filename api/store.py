@@ -25,6 +25,14 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+class JobGone(LookupError):
+    """The job was deleted while a request for it was under way (answered as 404)."""
+
+    def __init__(self, job_id: str):
+        super().__init__(f"no job {job_id} (it was deleted)")
+        self.job_id = job_id
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     id: str
@@ -77,11 +85,31 @@ class Store:
         return [JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at) for r in rows], total
 
     def delete_job(self, job_id: str) -> bool:
+        """Delete the job and everything planned for it. Its operations stay (no foreign key since
+        schema v3): a running one is marked cancelled, so whoever polls it learns why it stopped."""
         with self._write() as conn:
+            conn.execute(update(operations).where(
+                and_(operations.c.job_id == job_id, operations.c.status == "running"))
+                .values(status="cancelled", error="the job was deleted", updated_at=time.time()))
             # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
-            for table in (registrations, memberships, operations, plans, solves):
+            for table in (registrations, memberships, plans, solves):
                 conn.execute(delete(table).where(table.c.job_id == job_id))
             return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
+
+    def job_exists(self, job_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
+
+    @contextmanager
+    def _job_write(self, job_id: str) -> Iterator[Connection]:
+        """A write of a job's child rows: the job's foreign key failing means it was deleted."""
+        try:
+            with self._write() as conn:
+                yield conn
+        except IntegrityError:
+            if not self.job_exists(job_id):
+                raise JobGone(job_id) from None
+            raise
 
     # ----------------------------------------------------------------------------- plans/solves
     def get_or_create_plan(self, job_id: str, failed_key: str, class_key: str) -> PlanRow:
@@ -92,14 +120,16 @@ class Store:
                 return found
             now = time.time()
             try:
-                with self._write() as conn:
+                with self._job_write(job_id) as conn:
                     self._ensure_solve_row(conn, job_id, class_key, now)
                     conn.execute(insert(plans).values(id=new_id(), job_id=job_id, failed_key=failed_key,
                                                       class_key=class_key, created_at=now))
             except IntegrityError:
                 continue  # a concurrent request created it first: read theirs
         found = self._find_plan(job_id, failed_key)
-        assert found is not None
+        if found is None:
+            raise JobGone(job_id) if not self.job_exists(job_id) else RuntimeError(
+                f"plan of {failed_key} for job {job_id} neither created nor found")
         return found
 
     def _ensure_solve_row(self, conn, job_id: str, class_key: str, now: float) -> None:
@@ -113,7 +143,7 @@ class Store:
         """Create the solve row of a class if missing; its status."""
         for _ in range(3):
             try:
-                with self._write() as conn:
+                with self._job_write(job_id) as conn:
                     self._ensure_solve_row(conn, job_id, class_key, time.time())
                 break
             except IntegrityError:
@@ -174,6 +204,8 @@ class Store:
         values = dict(id=new_id(), job_id=job_id, kind="precompute", max_failures=max_failures,
                       status="running", total=total, done=done, error=None, created_at=now, updated_at=now)
         with self._write() as conn:
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+                raise JobGone(job_id)  # no foreign key on operations (they outlive their job)
             conn.execute(insert(operations).values(**values))
         return values
 
@@ -209,7 +241,7 @@ class Store:
                         reason: str | None) -> None:
         values = dict(generation=generation, failed=json.dumps([list(w) for w in failed]), plan_id=plan_id,
                       status=status, reason=reason, updated_at=time.time())
-        with self._write() as conn:
+        with self._job_write(job_id) as conn:
             changed = conn.execute(update(memberships).where(memberships.c.job_id == job_id)
                                    .values(**values)).rowcount
             if not changed:
@@ -219,7 +251,7 @@ class Store:
                         pid: int | None) -> None:
         key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
                    registrations.c.stage == worker[1])
-        with self._write() as conn:
+        with self._job_write(job_id) as conn:
             changed = conn.execute(update(registrations).where(key).values(
                 address=address, pid=pid, registered_at=time.time())).rowcount
             if not changed:

@@ -32,7 +32,7 @@ async def create_job(spec: JobSpec, services: ServicesDep, response: Response) -
                       f"stages x {spec.microbatches} microbatches = {spec.op_count} F/B/W ops per plan, "
                       f"over this service's limit of {limit} (RECYCLE_MAX_PLAN_OPS)", field="microbatches")
     row = await in_thread(services.store.create_job, spec)
-    services.jobs[row.id] = row
+    services.remember_job(row)
     response.headers["Location"] = f"/v1/jobs/{row.id}"
     log.info("job created", extra={"job_id": row.id, "pipelines": spec.pipelines, "stages": spec.stages,
                                    "microbatches": spec.microbatches})
@@ -53,9 +53,6 @@ async def get_job(job: JobDep) -> JobOut:
 
 @router.delete("/{job_id}", status_code=204)
 async def delete_job(job: JobDep, services: ServicesDep) -> Response:
-    services.coordinator.forget_job(job.id)
-    services.jobs.pop(job.id, None)
-    services.plans.forget_job(job.id)
-    await in_thread(services.store.delete_job, job.id)
+    await services.delete_job(job.id)
     log.info("job deleted", extra={"job_id": job.id})
     return Response(status_code=204)
