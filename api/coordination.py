@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from api import logs
+from api.lru import LRU
 from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.problems import Problem
@@ -50,6 +51,10 @@ class Membership:
         event.set()
 
 
+def _idle(m: Membership) -> bool:
+    return m.status != "solving" and all(w in m.failed for w in m.last_seen)
+
+
 def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list[int]:
     """Stages whose every worker is in the failure set."""
     dead = set(failed)
@@ -59,7 +64,9 @@ def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list
 class Coordinator:
     def __init__(self, settings: Settings, store: Store, plans: PlanService, metrics: Metrics):
         self.settings, self.store, self.plans, self.metrics = settings, store, plans, metrics
-        self._members: dict[str, Membership] = {}
+        # Bounded: a job nobody is running (no live registered worker, nothing solving) may go; it is
+        # loaded again from the store when a worker or client comes back.
+        self._members: LRU[str, Membership] = LRU(settings.cache_entries, _idle)
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
 
@@ -83,24 +90,31 @@ class Coordinator:
         if m is not None:
             return m
         lock = self._loading.setdefault(job.id, asyncio.Lock())
-        async with lock:
-            m = self._members.get(job.id)
-            if m is not None:
-                return m
-            stored = await in_thread(self.store.load_membership, job.id)
-            registered = await in_thread(self.store.registrations, job.id)
-            now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
-            m = Membership(job=job, last_seen={w: now for w in registered})
-            if stored is None:
-                await self._settle(m, (), cause="job started")
-            else:
-                m.generation, m.failed = stored["generation"], tuple(stored["failed"])
-                m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
-                if m.status == "solving" or (m.status == "running" and m.plan_id):
-                    await self._settle(m, m.failed, cause=m.reason, bump=False)
-            self._members[job.id] = m
-            self._publish(m)
+        try:
+            async with lock:
+                return await self._load(job)
+        finally:
+            if not lock.locked():
+                self._loading.pop(job.id, None)
+
+    async def _load(self, job: JobRow) -> Membership:
+        m = self._members.get(job.id)
+        if m is not None:
             return m
+        stored = await in_thread(self.store.load_membership, job.id)
+        registered = await in_thread(self.store.registrations, job.id)
+        now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
+        m = Membership(job=job, last_seen={w: now for w in registered})
+        if stored is None:
+            await self._settle(m, (), cause="job started")
+        else:
+            m.generation, m.failed = stored["generation"], tuple(stored["failed"])
+            m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
+            if m.status == "solving" or (m.status == "running" and m.plan_id):
+                await self._settle(m, m.failed, cause=m.reason, bump=False)
+        self._members.put(job.id, m)
+        self._publish(m)
+        return m
 
     # ------------------------------------------------------------------------------ transitions
     async def _settle(self, m: Membership, failed: tuple[Worker, ...], cause: str | None,

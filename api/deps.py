@@ -30,7 +30,7 @@ class Services:
     precomputer: Precomputer
     coordinator: Coordinator
     schema_version: int
-    jobs: LRU[str, JobRow] = field(default_factory=lambda: LRU(4096))
+    jobs: LRU[str, JobRow] = field(default_factory=lambda: LRU(4096))  # bound set by create_app
     """Jobs are immutable once created: cached by id (bounded, least recently used go), dropped on delete."""
     deletes: int = 0
     """Bumped by every job delete: a read that started before one does not cache what it read."""

@@ -48,8 +48,8 @@ class LRU(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def keys(self) -> list[K]:
-        return list(self._items)
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._items))
 
     def values(self) -> Iterator[V]:
         return iter(list(self._items.values()))

@@ -15,6 +15,7 @@ from api.coordination import Coordinator
 from api.db import make_engine, migrate
 from api.deps import Authorized, Services
 from api.fastpath import CachedStreams
+from api.lru import LRU
 from api.materials import parse_failed_key
 from api.metrics import Metrics
 from api.middleware import AccessMetrics, BodyLimit
@@ -56,12 +57,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(engine)
         solver = Solver(settings, store, metrics)
         solver.start()
-        plan_service = PlanService(store, solver, metrics)
+        plan_service = PlanService(store, solver, metrics, settings.cache_entries)
         services = Services(
             settings=settings, store=store, metrics=metrics, solver=solver, plans=plan_service,
             precomputer=Precomputer(store, solver, settings.solver_processes,
                                     settings.max_precompute_classes),
-            coordinator=Coordinator(settings, store, plan_service, metrics), schema_version=version)
+            coordinator=Coordinator(settings, store, plan_service, metrics), schema_version=version,
+            jobs=LRU(settings.cache_entries))
+        metrics.watch_size("jobs", services.jobs)
+        metrics.watch_size("finished_plans", plan_service._finished)
+        metrics.watch_size("memberships", services.coordinator._members)
         app.state.services = services
         services.coordinator.start()
         await _resume(services)

@@ -32,6 +32,12 @@ class Metrics:
         self.failed_workers = Gauge("recycle_failed_workers", "Workers in the current failure set.",
                                     ["job_id"], registry=r)
 
+        self.cache_entries = Gauge("recycle_cache_entries", "Entries held by each bounded in-memory map.",
+                                   ["cache"], registry=r)
+
+    def watch_size(self, cache: str, sized) -> None:
+        self.cache_entries.labels(cache).set_function(lambda: len(sized))
+
     def forget_job(self, job_id: str) -> None:
         for gauge in (self.generation, self.alive_workers, self.failed_workers):
             with contextlib.suppress(KeyError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from api.lru import LRU
 from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key
 from api.metrics import Metrics
 from api.problems import Problem
@@ -19,10 +20,10 @@ from planner.spec import Worker
 
 
 class PlanService:
-    def __init__(self, store: Store, solver: Solver, metrics: Metrics):
+    def __init__(self, store: Store, solver: Solver, metrics: Metrics, cache_entries: int = 4096):
         self.store, self.solver, self.metrics = store, solver, metrics
         self.cache = MaterialCache()
-        self._finished: dict[tuple[str, str], PlanRow] = {}
+        self._finished: LRU[tuple[str, str], PlanRow] = LRU(cache_entries)
         self._building: dict[tuple[str, str], asyncio.Future] = {}
 
     async def request(self, job: JobRow, failed: object) -> tuple[PlanRow, asyncio.Future | None]:
@@ -53,13 +54,13 @@ class PlanService:
 
     def _remember(self, plan: PlanRow) -> PlanRow:
         if plan.status != "pending":
-            self._finished[(plan.job_id, plan.id)] = plan
+            self._finished.put((plan.job_id, plan.id), plan)
         return plan
 
     def forget_job(self, job_id: str) -> None:
         self.cache.forget_job(job_id)
         for key in [k for k in self._finished if k[0] == job_id]:
-            del self._finished[key]
+            self._finished.pop(key)
 
     async def material(self, job: JobRow, plan: PlanRow) -> PlanMaterial:
         """The concrete plan, built once per plan however many requests want it at the same time."""

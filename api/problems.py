@@ -70,10 +70,16 @@ def problem_response(status: int, detail: str, instance: str | None = None, fiel
                     media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
+_TYPE_TAGS = {"float", "int", "str", "bool", "none", "list", "dict", "tuple"}
+
+
 def _loc_field(loc: tuple | list) -> str | None:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
+    # Drop pydantic's union-member tags ("float", "list[float]", "function-after[...]"): the client
+    # named `forward_ms`, not `forward_ms.float`.
+    parts = [p for p in parts if not ("[" in p or p in _TYPE_TAGS)]
     return ".".join(parts) or None
 
 
@@ -101,9 +107,14 @@ def install(app: FastAPI) -> None:
         errors = []
         for e in exc.errors():
             msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            if e.get("type") == "extra_forbidden":
+                msg = "unknown field (not part of this request's schema; check its spelling)"
+            elif str(e.get("type", "")).endswith(("_type", "_parsing")) and "input" in e:
+                msg = f"{msg}, got {repr(e['input'])[:100]} (no conversion from strings or booleans)"
             field = _loc_field(e.get("loc", ())) or _message_field(msg)
             message = f"{field}: {msg}" if field and field not in msg else msg
-            errors.append({"field": field, "message": message})
+            if {"field": field, "message": message} not in errors:
+                errors.append({"field": field, "message": message})
         for e in exc.errors():
             if e.get("type") == "json_invalid":
                 where = e.get("loc", ("body", "?"))[-1]

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
         default=300_000, ge=1,
         description="Largest job accepted: 3 x pipelines x stages x microbatches F/B/W ops per plan.",
     )
+    cache_entries: int = Field(
+        default=4096, ge=1, description="Bound of each in-memory map (jobs, finished plans, coordinator "
+        "state); the least recently used entries go (re-read from the store when needed).")
     max_precompute_classes: int = Field(default=20_000, ge=1, description="Most failure classes per run.")
 
     solve_time_limit_s: float = Field(default=10.0, gt=0, description="Planner time limit per solve.")
