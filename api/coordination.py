@@ -22,6 +22,7 @@ from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.problems import Problem
 from api.settings import Settings
+from api.solve_queue import COORDINATOR
 from api.solver import in_thread
 from api.store import JobRow, Store
 from planner.spec import SpecError, Worker
@@ -140,7 +141,7 @@ class Coordinator:
 
     async def _request_plan(self, m: Membership) -> None:
         try:
-            plan, future = await self.plans.request(m.job, list(m.failed))
+            plan, future = await self.plans.request(m.job, list(m.failed), COORDINATOR)
         except SpecError as exc:
             m.status, m.plan_id, m.reason = "stopped", None, str(exc)
             return

@@ -20,6 +20,8 @@ class Metrics:
         self.solve_seconds = Histogram("recycle_solve_seconds", "Wall time of one planner solve.",
                                        buckets=_SOLVE_BUCKETS, registry=r)
         self.solves = Counter("recycle_solves", "Planner solves finished.", ["outcome"], registry=r)
+        self.pool_restarts = Counter("recycle_solve_pool_restarts", "Solve pools replaced (a process died "
+                                     "or a solve overran its deadline).", registry=r)
         self.solves_in_flight = Gauge("recycle_solves_in_flight", "Solves running or queued.", registry=r)
         self.plan_lookups = Counter(
             "recycle_plan_lookups", "Plan requests: `hit` = a stored plan answered at once, `shared` = "

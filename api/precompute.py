@@ -13,6 +13,7 @@ import time
 from api import logs
 from api.materials import failed_key
 from api.problems import Problem
+from api.solve_queue import PRECOMPUTE
 from api.solver import Solver, in_thread
 from api.store import JobRow, Store
 from planner.failures import TooManyClasses, enumerate_failure_classes
@@ -110,7 +111,8 @@ class Precomputer:
                     cls = queue.pop()
                     key = failed_key(cls)
                     await in_thread(self.store.ensure_solve, job.id, key)
-                    running.add(asyncio.ensure_future(self.solver.ensure(job.id, job.job, key, cls)))
+                    running.add(asyncio.ensure_future(self.solver.ensure(job.id, job.job, key, cls,
+                                                                               PRECOMPUTE)))
                 finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for fut in finished:
                     if fut.result() == "done":

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
+from api.solve_queue import QueueFull
 from api.store import JobGone
 from planner.spec import SpecError
 
@@ -97,6 +98,10 @@ def install(app: FastAPI) -> None:
     async def _spec(request: Request, exc: SpecError) -> Response:
         return problem_response(422, str(exc), request.url.path, exc.field,
                                 [{"field": exc.field, "message": str(exc)}])
+
+    @app.exception_handler(QueueFull)
+    async def _full(request: Request, exc: QueueFull) -> Response:
+        return problem_response(503, str(exc), request.url.path, headers={"Retry-After": "2"})
 
     @app.exception_handler(JobGone)
     async def _gone(request: Request, exc: JobGone) -> Response:
