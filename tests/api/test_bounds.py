@@ -64,3 +64,20 @@ def test_in_memory_state_is_bounded(tmp_path):
             assert c.get(f"/v1/jobs/{jobs[0]}/membership").json()["generation"] == 1
     finally:
         server.stop()
+
+
+def test_precompute_of_a_huge_job_is_refused_before_enumerating(client):
+    """Finding 1: a 2 x 4096 x 12 job with max_failures 2 grew to 2.9 GB enumerating stage subsets;
+    the count is known by arithmetic and refused first, naming the count and the cap."""
+    job_id = create_job(client, small_job(2, 4096, 12))
+    for k in (2, 64):
+        r = client.post(f"/v1/jobs/{job_id}/precompute", json={"max_failures": k})
+        refused(r, "max_failures")
+        detail = r.json()["detail"]
+        assert "20000" in detail and "at least" in detail, detail
+    assert client.get("/healthz").status_code == 200
+    # one pipeline: no failure leaves a survivor, so only the failure-free class (the planner would
+    # otherwise list every stage subset before rejecting each); k is bounded by (D - 1) x S
+    single = create_job(client, small_job(1, 4096, 12))
+    r = client.post(f"/v1/jobs/{single}/precompute", json={"max_failures": 64})
+    assert r.status_code == 202 and r.json()["total"] == 1, r.text
