@@ -58,10 +58,11 @@ class Settings(BaseSettings):
     def check(self) -> None:
         """Refuse settings that make the coordinator's timeouts contradict each other, and a token
         that would silently switch authentication off or be guessable."""
-        if self.api_token is not None and len(self.api_token.get_secret_value()) < MIN_TOKEN_CHARS:
+        if self.api_token is not None and len(self.api_token.get_secret_value().strip()) < MIN_TOKEN_CHARS:
             raise ValueError(
-                f"RECYCLE_API_TOKEN: must be at least {MIN_TOKEN_CHARS} characters when set (an empty one "
-                "would switch authentication off); unset it to run without authentication"
+                f"RECYCLE_API_TOKEN: must be at least {MIN_TOKEN_CHARS} characters when set, not counting "
+                "white space (an empty one would switch authentication off); unset it to run without "
+                "authentication"
             )
         if self.deadline_s <= self.solve_time_limit_s:
             raise ValueError(
