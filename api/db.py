@@ -101,6 +101,16 @@ registrations = Table(
     Column("registered_at", Float, nullable=False),
 )
 
+# POST /v1/jobs with an `Idempotency-Key`: the key, the job it created and a hash of the request, so a
+# retry (same key, same body) answers the same job and a reuse with another body is refused.
+idempotency_keys = Table(
+    "idempotency_keys", metadata,
+    Column("key", String(255), primary_key=True),
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("request_sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 schema_table = Table("recycle_schema", MetaData(), Column("version", Integer, nullable=False))
 
 
@@ -127,8 +137,13 @@ def _v3_operations_outlive_jobs(conn: Connection) -> None:
     Index("ix_operations_job", operations.c.job_id).create(conn)
 
 
+def _v4_idempotency_keys(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[idempotency_keys])
+    Index("ix_idempotency_job", idempotency_keys.c.job_id).create(conn)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
-    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs)]
+    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

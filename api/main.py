@@ -18,7 +18,7 @@ from api.fastpath import CachedStreams
 from api.lru import LRU
 from api.materials import parse_failed_key
 from api.metrics import Metrics
-from api.middleware import AccessMetrics, BodyLimit
+from api.middleware import AccessMetrics, BodyLimit, ContainErrors
 from api.plan_service import PlanService
 from api.precompute import Precomputer
 from api.routers import coordinator, jobs, operations, ops, plans
@@ -91,13 +91,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(ops.health_router)
     app.include_router(ops.metrics_router)
+    unavailable = {503: {"model": problems.ProblemDocument, "content": {problems.PROBLEM_MEDIA_TYPE: {}},
+                         "description": "The database is unreachable (or a queue is full): retry after "
+                         "`Retry-After` seconds."}}
     for router in (jobs.router, plans.router, operations.router, coordinator.router):
-        app.include_router(router, dependencies=Authorized)
+        app.include_router(router, dependencies=Authorized, responses=unavailable)
     app.include_router(_docs_router(app))
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     app.add_middleware(CachedStreams, service_app=app, token=token)
     app.add_middleware(AccessMetrics, metrics=metrics, log_requests=settings.access_log)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ContainErrors)  # outermost: see its docstring
 
     return app
 

@@ -13,11 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
 from api.solve_queue import QueueFull
-from api.store import JobGone
+from api.store import JobGone, KeyReused
 from planner.spec import SpecError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -107,6 +109,19 @@ def install(app: FastAPI) -> None:
     async def _gone(request: Request, exc: JobGone) -> Response:
         return problem_response(404, str(exc), request.url.path, "job_id")
 
+    @app.exception_handler(KeyReused)
+    async def _reused(request: Request, exc: KeyReused) -> Response:
+        return problem_response(422, str(exc), request.url.path, "Idempotency-Key")
+
+    async def _database(request: Request, exc: Exception) -> Response:
+        """The database is unreachable, locked or out of connections: a temporary condition."""
+        log.warning("database unavailable", extra={"path": request.url.path, "error": type(exc).__name__})
+        return problem_response(503, "the database is unavailable right now; retry shortly",
+                                request.url.path, headers={"Retry-After": "1"})
+
+    for db_error in (OperationalError, InterfaceError, PoolTimeout):
+        app.add_exception_handler(db_error, _database)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = []
@@ -134,9 +149,7 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         return problem_response(exc.status_code, str(exc.detail), request.url.path,
                                 headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
-        return problem_response(500, f"internal error ({type(exc).__name__}); the service keeps running",
-                                request.url.path)
+    # Unexpected errors are answered by `api.middleware.ContainErrors`: a handler for `Exception`
+    # here would run in Starlette's ServerErrorMiddleware, which re-raises after answering, and
+    # uvicorn then closes the keep-alive connection (a client retrying after the reset may repeat
+    # a write).

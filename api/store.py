@@ -6,6 +6,7 @@ row, never half of one; finished solves are written in the same transaction as t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -17,12 +18,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from api.db import jobs, memberships, operations, plans, registrations, solves
+from api.db import idempotency_keys, jobs, memberships, operations, plans, registrations, solves
 from planner.spec import JobSpec
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+class KeyReused(ValueError):
+    """An `Idempotency-Key` already used for a different request body (answered as 422)."""
 
 
 class JobGone(LookupError):
@@ -65,12 +70,49 @@ class Store:
 
     # ------------------------------------------------------------------------------------ jobs
     def create_job(self, job: JobSpec) -> JobRow:
-        row = JobRow(new_id(), job, time.time())
-        with self._write() as conn:
-            conn.execute(insert(jobs).values(
-                id=row.id, spec=json.dumps(job.filled()), pipelines=job.pipelines, stages=job.stages,
-                microbatches=job.microbatches, created_at=row.created_at))
-        return row
+        return self.create_job_once(job, None)[0]
+
+    def create_job_once(self, job: JobSpec, idempotency_key: str | None) -> tuple[JobRow, bool]:
+        """The new job, or with a key already used for the same spec the job it made (True: replayed).
+
+        The key and the job are written in one transaction (a retry racing the first request either
+        sees both or waits for the write lock / unique key and then reads them)."""
+        spec = json.dumps(job.filled())
+        digest = hashlib.sha256(json.dumps(job.filled(), sort_keys=True).encode()).hexdigest()
+        for _ in range(3):
+            if idempotency_key is not None:
+                found = self._keyed_job(idempotency_key, digest)
+                if found is not None:
+                    return found, True
+            row = JobRow(new_id(), job, time.time())
+            try:
+                with self._write() as conn:
+                    conn.execute(insert(jobs).values(
+                        id=row.id, spec=spec, pipelines=job.pipelines, stages=job.stages,
+                        microbatches=job.microbatches, created_at=row.created_at))
+                    if idempotency_key is not None:
+                        conn.execute(insert(idempotency_keys).values(
+                            key=idempotency_key, job_id=row.id, request_sha256=digest,
+                            created_at=row.created_at))
+                return row, False
+            except IntegrityError:
+                if idempotency_key is None:
+                    raise
+                continue  # a concurrent request with this key won: read its job
+        raise RuntimeError(f"Idempotency-Key {idempotency_key!r}: neither stored nor found")
+
+    def _keyed_job(self, key: str, digest: str) -> JobRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(idempotency_keys.c.request_sha256, jobs.c.id, jobs.c.spec, jobs.c.created_at)
+                .join(jobs, jobs.c.id == idempotency_keys.c.job_id)
+                .where(idempotency_keys.c.key == key)).first()
+        if r is None:
+            return None
+        if r.request_sha256 != digest:
+            raise KeyReused(f"Idempotency-Key: {key!r} was already used to create job {r.id} from a "
+                            "different job spec; use a new key for a new job")
+        return JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at)
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self.engine.connect() as conn:
@@ -92,7 +134,7 @@ class Store:
                 and_(operations.c.job_id == job_id, operations.c.status == "running"))
                 .values(status="cancelled", error="the job was deleted", updated_at=time.time()))
             # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
-            for table in (registrations, memberships, plans, solves):
+            for table in (registrations, memberships, plans, solves, idempotency_keys):
                 conn.execute(delete(table).where(table.c.job_id == job_id))
             return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
 

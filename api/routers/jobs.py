@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 
 from api import logs
 from api.deps import JobDep, ServicesDep
@@ -24,16 +24,27 @@ def job_out(row: JobRow) -> JobOut:
                   workers=row.job.pipelines * row.job.stages, op_count=row.job.op_count)
 
 
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+    description="Makes a retry safe: the same key with the same spec answers the job the first "
+    "request created (`Idempotent-Replayed: true`) instead of creating another; the same key with "
+    "another spec is refused (422).")]
+
+
 @router.post("", status_code=201, response_model=JobOut)
-async def create_job(spec: JobSpec, services: ServicesDep, response: Response) -> JobOut:
+async def create_job(spec: JobSpec, services: ServicesDep, response: Response,
+                     idempotency_key: IdempotencyKey = None) -> JobOut:
     limit = services.settings.max_plan_ops
     if spec.op_count > limit:
         raise Problem(422, f"microbatches: job too large: 3 x {spec.pipelines} pipelines x {spec.stages} "
                       f"stages x {spec.microbatches} microbatches = {spec.op_count} F/B/W ops per plan, "
                       f"over this service's limit of {limit} (RECYCLE_MAX_PLAN_OPS)", field="microbatches")
-    row = await in_thread(services.store.create_job, spec)
+    row, replayed = await in_thread(services.store.create_job_once, spec, idempotency_key)
     services.remember_job(row)
     response.headers["Location"] = f"/v1/jobs/{row.id}"
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+        return job_out(row)
     log.info("job created", extra={"job_id": row.id, "pipelines": spec.pipelines, "stages": spec.stages,
                                    "microbatches": spec.microbatches})
     return job_out(row)
