@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
     text,
 )
 from sqlalchemy.engine import Connection
@@ -99,6 +100,8 @@ registrations = Table(
     Column("address", String(256), nullable=True),
     Column("pid", Integer, nullable=True),
     Column("registered_at", Float, nullable=False),
+    Column("session_sha256", String(64), nullable=True,
+           comment="hash of the registration id handed to the process that registered (schema v5)"),
 )
 
 # POST /v1/jobs with an `Idempotency-Key`: the key, the job it created and a hash of the request, so a
@@ -142,8 +145,15 @@ def _v4_idempotency_keys(conn: Connection) -> None:
     Index("ix_idempotency_job", idempotency_keys.c.job_id).create(conn)
 
 
+def _v5_registration_sessions(conn: Connection) -> None:
+    """Bind a registration to its process (a database made at v1 by this code already has it)."""
+    if "session_sha256" not in {c["name"] for c in inspect(conn).get_columns("registrations")}:
+        conn.execute(text("ALTER TABLE registrations ADD COLUMN session_sha256 VARCHAR(64)"))
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
-    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys)]
+    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys),
+    (5, _v5_registration_sessions)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

@@ -6,7 +6,7 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Header, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.coordination import Coordinator
@@ -18,6 +18,7 @@ from api.problems import Problem
 from api.settings import Settings
 from api.solver import Solver, in_thread
 from api.store import JobRow, Store
+from api.tokens import REGISTRATION_HEADER, Caller, worker_token_job
 
 
 @dataclass
@@ -82,18 +83,59 @@ JobDep = Annotated[JobRow, Depends(get_job)]
 _bearer = HTTPBearer(auto_error=False, description="RECYCLE_API_TOKEN, when the service sets one.")
 
 
+def _given(credentials: HTTPAuthorizationCredentials | None) -> str:
+    return credentials.credentials if credentials is not None else ""
+
+
+def _is_admin(given: str, expected: str) -> bool:
+    # Constant-time comparison: the time taken says nothing about how much of the token matched.
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _unauthorized() -> Problem:
+    return Problem(401, "missing or wrong bearer token (Authorization: Bearer <RECYCLE_API_TOKEN>, or the "
+                   "job's worker token on its coordinator routes)", headers={"WWW-Authenticate": "Bearer"})
+
+
 def require_token(
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
+    """Admin routes (jobs, plans, precompute, metrics): the admin token only."""
     expected = services.settings.api_token
     if expected is None:
         return
-    given = credentials.credentials if credentials is not None else ""
-    # Constant-time comparison: the time taken says nothing about how much of the token matched.
-    if not hmac.compare_digest(given.encode(), expected.get_secret_value().encode()):
-        raise Problem(401, "missing or wrong bearer token (Authorization: Bearer <RECYCLE_API_TOKEN>)",
-                      headers={"WWW-Authenticate": "Bearer"})
+    given = _given(credentials)
+    if _is_admin(given, expected.get_secret_value()):
+        return
+    if worker_token_job(expected.get_secret_value(), given) is not None:
+        raise Problem(403, "a worker token allows only its own job's coordinator routes (heartbeat, "
+                      "assignment, failures, rejoins, membership); this route needs RECYCLE_API_TOKEN")
+    raise _unauthorized()
+
+
+def get_caller(
+    job_id: Annotated[str, Path(max_length=64)],
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    registration: Annotated[str | None, Header(alias=REGISTRATION_HEADER, max_length=128,
+                                               description="The id this worker's registration answered.")]
+    = None,
+) -> Caller:
+    """Coordinator routes: the admin token, or the worker token of the job in the path."""
+    expected = services.settings.api_token
+    if expected is None:
+        return Caller(admin=True, registration=registration)
+    given = _given(credentials)
+    if _is_admin(given, expected.get_secret_value()):
+        return Caller(admin=True, registration=registration)
+    owner = worker_token_job(expected.get_secret_value(), given)
+    if owner is None:
+        raise _unauthorized()
+    if owner != job_id:
+        raise Problem(403, f"this worker token belongs to job {owner}, not {job_id}", field="job_id")
+    return Caller(admin=False, job_id=owner, registration=registration)
 
 
 Authorized = [Depends(require_token)]
+CallerDep = Annotated[Caller, Depends(get_caller)]

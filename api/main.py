@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from api import logs, problems
 from api.coordination import Coordinator
 from api.db import make_engine, migrate
-from api.deps import Authorized, Services
+from api.deps import Authorized, Services, get_caller
 from api.fastpath import CachedStreams
 from api.lru import LRU
 from api.materials import parse_failed_key
@@ -94,8 +94,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     unavailable = {503: {"model": problems.ProblemDocument, "content": {problems.PROBLEM_MEDIA_TYPE: {}},
                          "description": "The database is unreachable (or a queue is full): retry after "
                          "`Retry-After` seconds."}}
-    for router in (jobs.router, plans.router, operations.router, coordinator.router):
+    for router in (jobs.router, plans.router, operations.router):
         app.include_router(router, dependencies=Authorized, responses=unavailable)
+    # Coordinator routes: the admin token or the job's own worker token (checked before the job).
+    app.include_router(coordinator.router, dependencies=[Depends(get_caller)], responses=unavailable)
     app.include_router(_docs_router(app))
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     app.add_middleware(CachedStreams, service_app=app, token=token)

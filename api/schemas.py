@@ -19,6 +19,9 @@ class JobOut(BaseModel):
     spec: dict[str, Any] = Field(description="The job spec with defaults filled in.")
     workers: int = Field(description="pipelines x stages.")
     op_count: int = Field(description="F/B/W ops per iteration (3 x pipelines x stages x microbatches).")
+    worker_token: str | None = Field(
+        default=None, description="Bearer token for this job's worker processes: it allows only this "
+        "job's coordinator routes. Null when the service runs without RECYCLE_API_TOKEN.")
 
 
 class JobList(BaseModel):
@@ -106,6 +109,9 @@ class MembershipState(BaseModel):
     heartbeat_timeout_s: float
     worker: WorkerRef | None = None
     excluded: bool | None = Field(default=None, description="True when `worker` is in the failure set.")
+    registration: str | None = Field(
+        default=None, description="Answered once, when a worker token's heartbeat registers this process: "
+        "send it as X-Recycle-Registration on this worker's later calls.")
 
 
 class RegisteredWorker(BaseModel):
@@ -118,6 +124,8 @@ class RegisteredWorker(BaseModel):
 
 class MembershipDetail(MembershipState):
     workers: list[RegisteredWorker]
+    spec: dict[str, Any] = Field(description="The job spec with defaults filled in (what a worker process "
+                                 "holding only the job's worker token needs to join).")
 
 
 class Assignment(BaseModel):

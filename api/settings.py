@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="A registered worker silent this long is declared failed."
     )
+    register_timeout_s: float = Field(
+        default=60.0, gt=0, description="Once a job's first worker registered, a worker that has not "
+        "registered this long after is declared failed (its peers get a re-plan instead of waiting).")
 
     log_level: str = Field(default="INFO")
     access_log: bool = Field(default=True, description="One structured log line per request.")

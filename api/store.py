@@ -290,21 +290,24 @@ class Store:
                 conn.execute(insert(memberships).values(job_id=job_id, **values))
 
     def register_worker(self, job_id: str, worker: tuple[int, int], address: str | None,
-                        pid: int | None) -> None:
+                        pid: int | None, session_sha256: str | None = None) -> None:
+        """Record a worker's registration; a new `session_sha256` binds it to another process."""
         key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
                    registrations.c.stage == worker[1])
+        values: dict[str, Any] = dict(address=address, pid=pid, registered_at=time.time())
+        if session_sha256 is not None:
+            values["session_sha256"] = session_sha256
         with self._job_write(job_id) as conn:
-            changed = conn.execute(update(registrations).where(key).values(
-                address=address, pid=pid, registered_at=time.time())).rowcount
+            changed = conn.execute(update(registrations).where(key).values(**values)).rowcount
             if not changed:
                 conn.execute(insert(registrations).values(
-                    job_id=job_id, pipeline=worker[0], stage=worker[1], address=address, pid=pid,
-                    registered_at=time.time()))
+                    job_id=job_id, pipeline=worker[0], stage=worker[1], **values))
 
     def registrations(self, job_id: str) -> dict[tuple[int, int], dict]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(registrations).where(registrations.c.job_id == job_id)).all()
-        return {(r.pipeline, r.stage): {"address": r.address, "pid": r.pid} for r in rows}
+        return {(r.pipeline, r.stage): {"address": r.address, "pid": r.pid, "session": r.session_sha256}
+                for r in rows}
 
 
 def _plan_row(r) -> PlanRow:

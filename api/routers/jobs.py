@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import SecretStr
 
 from api import logs
 from api.deps import JobDep, ServicesDep
@@ -12,6 +13,7 @@ from api.problems import Problem, ProblemDocument
 from api.schemas import JobList, JobOut
 from api.solver import in_thread
 from api.store import JobRow
+from api.tokens import worker_token
 from planner.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"],
@@ -19,9 +21,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"],
 log = logs.get("jobs")
 
 
-def job_out(row: JobRow) -> JobOut:
+def job_out(row: JobRow, secret: SecretStr | None) -> JobOut:
+    token = None if secret is None else worker_token(secret.get_secret_value(), row.id)
     return JobOut(id=row.id, created_at=row.created_at, spec=row.job.filled(),
-                  workers=row.job.pipelines * row.job.stages, op_count=row.job.op_count)
+                  workers=row.job.pipelines * row.job.stages, op_count=row.job.op_count, worker_token=token)
 
 
 IdempotencyKey = Annotated[str | None, Header(
@@ -44,22 +47,23 @@ async def create_job(spec: JobSpec, services: ServicesDep, response: Response,
     response.headers["Location"] = f"/v1/jobs/{row.id}"
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-        return job_out(row)
+        return job_out(row, services.settings.api_token)
     log.info("job created", extra={"job_id": row.id, "pipelines": spec.pipelines, "stages": spec.stages,
                                    "microbatches": spec.microbatches})
-    return job_out(row)
+    return job_out(row, services.settings.api_token)
 
 
 @router.get("", response_model=JobList)
 async def list_jobs(services: ServicesDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobList:
     rows, total = await in_thread(services.store.list_jobs, limit, offset)
-    return JobList(items=[job_out(r) for r in rows], total=total, limit=limit, offset=offset)
+    secret = services.settings.api_token
+    return JobList(items=[job_out(r, secret) for r in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=JobOut)
-async def get_job(job: JobDep) -> JobOut:
-    return job_out(job)
+async def get_job(job: JobDep, services: ServicesDep) -> JobOut:
+    return job_out(job, services.settings.api_token)
 
 
 @router.delete("/{job_id}", status_code=204)
