@@ -22,6 +22,11 @@ class Settings(BaseSettings):
     )
 
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body accepted.")
+    max_header_bytes: int = Field(default=65_536, ge=1024, description="Largest request head (request line "
+                                  "and headers) read; more answers 431 and closes the connection.")
+    max_headers: int = Field(default=100, ge=8, description="Most header fields in one request (431 beyond).")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="A request head not complete this long "
+                                    "after its first byte (or the connection opening) gets 408; closed.")
     max_plan_ops: int = Field(
         default=300_000, ge=1,
         description="Largest job accepted: 3 x pipelines x stages x microbatches F/B/W ops per plan.",
