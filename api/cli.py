@@ -27,10 +27,16 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                    ("database_url", args.database_url)) if v is not None}
+    from api.lease import Lease, LeaseHeld
+
     try:
         settings = Settings(**overrides)
         settings.check()
         _check_reachable(settings)
+        lease = Lease(settings.database_url).acquire()  # held until this process ends
+    except LeaseHeld as exc:
+        print(f"recycle serve: error: {exc}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "settings"
@@ -51,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
     server = uvicorn.Server(config)
-    server.run()
+    try:
+        server.run()
+    finally:
+        lease.close()
     return 0
 
 

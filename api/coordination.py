@@ -24,7 +24,7 @@ from api.problems import Problem
 from api.settings import Settings
 from api.solve_queue import COORDINATOR
 from api.solver import in_thread
-from api.store import JobRow, Store
+from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
 from api.watchdog import lost_workers
 from planner.spec import SpecError, Worker
@@ -145,8 +145,17 @@ class Coordinator:
                         "worker to rejoin it, then every worker restores the newest checkpoint")
         else:
             await self._request_plan(m)
-        await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
-                        m.status, m.reason)
+        try:
+            await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
+                            m.status, m.reason, m.generation - 1 if bump else m.generation)
+        except GenerationConflict as exc:
+            # Another coordinator moved the job (the lease should make this impossible): forget this
+            # copy so the next call reads the stored generation instead of overwriting it.
+            log.error("generation conflict", extra={"job_id": m.job.id, "error": str(exc)})
+            if self._members.get(m.job.id) is m:
+                self._members.pop(m.job.id, None)
+            m.notify()
+            raise Problem(409, f"{exc}; retry", field="job_id") from None
         self._publish(m)
         m.notify()
 

@@ -14,7 +14,6 @@ from sqlalchemy import (
     Engine,
     Float,
     ForeignKey,
-    Index,
     Integer,
     MetaData,
     String,
@@ -117,13 +116,19 @@ idempotency_keys = Table(
 schema_table = Table("recycle_schema", MetaData(), Column("version", Integer, nullable=False))
 
 
+def _index(conn: Connection, name: str, table: str, column: str) -> None:
+    """Plain DDL: an `Index` object would attach itself to the Table, and a later `create_all` in the
+    same process (a second database migrated from v0) would then create it twice."""
+    conn.execute(text(f"CREATE INDEX {name} ON {table} ({column})"))
+
+
 def _v1_initial(conn: Connection) -> None:
     metadata.create_all(conn, tables=[jobs, solves, plans, operations, memberships, registrations])
 
 
 def _v2_indexes(conn: Connection) -> None:
-    Index("ix_plans_job", plans.c.job_id).create(conn)
-    Index("ix_operations_job", operations.c.job_id).create(conn)
+    _index(conn, "ix_plans_job", "plans", "job_id")
+    _index(conn, "ix_operations_job", "operations", "job_id")
 
 
 def _v3_operations_outlive_jobs(conn: Connection) -> None:
@@ -137,12 +142,12 @@ def _v3_operations_outlive_jobs(conn: Connection) -> None:
     conn.execute(text(f"INSERT INTO operations_v3 ({columns}) SELECT {columns} FROM operations"))
     conn.execute(text("DROP TABLE operations"))
     conn.execute(text("ALTER TABLE operations_v3 RENAME TO operations"))
-    Index("ix_operations_job", operations.c.job_id).create(conn)
+    _index(conn, "ix_operations_job", "operations", "job_id")
 
 
 def _v4_idempotency_keys(conn: Connection) -> None:
     metadata.create_all(conn, tables=[idempotency_keys])
-    Index("ix_idempotency_job", idempotency_keys.c.job_id).create(conn)
+    _index(conn, "ix_idempotency_job", "idempotency_keys", "job_id")
 
 
 def _v5_registration_sessions(conn: Connection) -> None:

@@ -30,6 +30,14 @@ class KeyReused(ValueError):
     """An `Idempotency-Key` already used for a different request body (answered as 422)."""
 
 
+class GenerationConflict(RuntimeError):
+    """The stored generation is not the one this coordinator changed from: another moved it."""
+
+    def __init__(self, job_id: str, generation: int, stored: int | None):
+        super().__init__(f"job {job_id}: generation {generation} not stored, the database holds "
+                         f"{stored if stored is not None else 'another new one'} (another coordinator?)")
+
+
 class JobGone(LookupError):
     """The job was deleted while a request for it was under way (answered as 404)."""
 
@@ -280,14 +288,29 @@ class Store:
         return out
 
     def save_membership(self, job_id: str, generation: int, failed: list, plan_id: str | None, status: str,
-                        reason: str | None) -> None:
+                        reason: str | None, expected: int | None = None) -> None:
+        """Store the job's membership; compare-and-swap on the generation: the stored one must be
+        `expected` (default: `generation`, an update within it; `generation - 1` for a change), or
+        none at all for generation 1. Otherwise another coordinator moved it: `GenerationConflict`."""
+        expected = generation if expected is None else expected
         values = dict(generation=generation, failed=json.dumps([list(w) for w in failed]), plan_id=plan_id,
                       status=status, reason=reason, updated_at=time.time())
-        with self._job_write(job_id) as conn:
-            changed = conn.execute(update(memberships).where(memberships.c.job_id == job_id)
-                                   .values(**values)).rowcount
-            if not changed:
+        try:
+            with self._job_write(job_id) as conn:
+                changed = conn.execute(update(memberships).where(and_(
+                    memberships.c.job_id == job_id, memberships.c.generation == expected))
+                    .values(**values)).rowcount
+                if changed:
+                    return
+                stored = conn.execute(select(memberships.c.generation)
+                                      .where(memberships.c.job_id == job_id)).scalar()
+                if stored is not None or generation != 1:
+                    raise GenerationConflict(job_id, generation, stored)
                 conn.execute(insert(memberships).values(job_id=job_id, **values))
+        except IntegrityError:
+            if not self.job_exists(job_id):
+                raise JobGone(job_id) from None
+            raise GenerationConflict(job_id, generation, None) from None
 
     def register_worker(self, job_id: str, worker: tuple[int, int], address: str | None,
                         pid: int | None, session_sha256: str | None = None) -> None:
