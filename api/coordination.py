@@ -17,12 +17,16 @@ import time
 from dataclasses import dataclass, field
 
 from api import logs
+from api.lru import LRU
 from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.problems import Problem
 from api.settings import Settings
+from api.solve_queue import COORDINATOR
 from api.solver import in_thread
-from api.store import JobRow, Store
+from api.store import GenerationConflict, JobRow, Store
+from api.tokens import Caller, new_registration
+from api.watchdog import lost_workers
 from planner.spec import SpecError, Worker
 
 log = logs.get("coordinator")
@@ -39,7 +43,13 @@ class Membership:
     iteration_ms: float | None = None
     last_seen: dict[Worker, float] = field(default_factory=dict)
     suspects: dict[Worker, float] = field(default_factory=dict)
-    """Workers a peer reported failed while their heartbeats were fresh -> time of the report."""
+    """Workers a peer reported failed while their heartbeats were fresh -> time of the report; the
+    report stands once they go silent, or when no new generation came long after (too slow)."""
+    sessions: dict[Worker, str | None] = field(default_factory=dict)
+    """Hash of the registration id of the process each worker registered as (None: no binding)."""
+    started_at: float | None = None
+    """When the first worker registered (or the job was loaded with registrations)."""
+    all_registered: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleted: bool = False
@@ -48,6 +58,10 @@ class Membership:
         """Wake every long-poll waiting on this job; later waiters get a fresh event."""
         event, self.changed = self.changed, asyncio.Event()
         event.set()
+
+
+def _idle(m: Membership) -> bool:
+    return m.status != "solving" and all(w in m.failed for w in m.last_seen)
 
 
 def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list[int]:
@@ -59,7 +73,9 @@ def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list
 class Coordinator:
     def __init__(self, settings: Settings, store: Store, plans: PlanService, metrics: Metrics):
         self.settings, self.store, self.plans, self.metrics = settings, store, plans, metrics
-        self._members: dict[str, Membership] = {}
+        # Bounded: a job nobody is running (no live registered worker, nothing solving) may go; it is
+        # loaded again from the store when a worker or client comes back.
+        self._members: LRU[str, Membership] = LRU(settings.cache_entries, _idle)
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
 
@@ -83,24 +99,33 @@ class Coordinator:
         if m is not None:
             return m
         lock = self._loading.setdefault(job.id, asyncio.Lock())
-        async with lock:
-            m = self._members.get(job.id)
-            if m is not None:
-                return m
-            stored = await in_thread(self.store.load_membership, job.id)
-            registered = await in_thread(self.store.registrations, job.id)
-            now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
-            m = Membership(job=job, last_seen={w: now for w in registered})
-            if stored is None:
-                await self._settle(m, (), cause="job started")
-            else:
-                m.generation, m.failed = stored["generation"], tuple(stored["failed"])
-                m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
-                if m.status == "solving" or (m.status == "running" and m.plan_id):
-                    await self._settle(m, m.failed, cause=m.reason, bump=False)
-            self._members[job.id] = m
-            self._publish(m)
+        try:
+            async with lock:
+                return await self._load(job)
+        finally:
+            if not lock.locked():
+                self._loading.pop(job.id, None)
+
+    async def _load(self, job: JobRow) -> Membership:
+        m = self._members.get(job.id)
+        if m is not None:
             return m
+        stored = await in_thread(self.store.load_membership, job.id)
+        registered = await in_thread(self.store.registrations, job.id)
+        now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
+        m = Membership(job=job, last_seen={w: now for w in registered},
+                       sessions={w: info["session"] for w, info in registered.items()},
+                       started_at=now if registered else None)
+        if stored is None:
+            await self._settle(m, (), cause="job started")
+        else:
+            m.generation, m.failed = stored["generation"], tuple(stored["failed"])
+            m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
+            if m.status == "solving" or (m.status == "running" and m.plan_id):
+                await self._settle(m, m.failed, cause=m.reason, bump=False)
+        self._members.put(job.id, m)
+        self._publish(m)
+        return m
 
     # ------------------------------------------------------------------------------ transitions
     async def _settle(self, m: Membership, failed: tuple[Worker, ...], cause: str | None,
@@ -108,6 +133,7 @@ class Coordinator:
         """Set the failure set and its plan (caller holds `m.lock` or owns `m` exclusively)."""
         if bump:
             m.generation += 1
+            m.suspects.clear()  # reports were about the old generation's groups
         m.failed = tuple(sorted(set(failed)))
         m.reason, m.iteration_ms = cause, None
         lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
@@ -119,14 +145,23 @@ class Coordinator:
                         "worker to rejoin it, then every worker restores the newest checkpoint")
         else:
             await self._request_plan(m)
-        await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
-                        m.status, m.reason)
+        try:
+            await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
+                            m.status, m.reason, m.generation - 1 if bump else m.generation)
+        except GenerationConflict as exc:
+            # Another coordinator moved the job (the lease should make this impossible): forget this
+            # copy so the next call reads the stored generation instead of overwriting it.
+            log.error("generation conflict", extra={"job_id": m.job.id, "error": str(exc)})
+            if self._members.get(m.job.id) is m:
+                self._members.pop(m.job.id, None)
+            m.notify()
+            raise Problem(409, f"{exc}; retry", field="job_id") from None
         self._publish(m)
         m.notify()
 
     async def _request_plan(self, m: Membership) -> None:
         try:
-            plan, future = await self.plans.request(m.job, list(m.failed))
+            plan, future = await self.plans.request(m.job, list(m.failed), COORDINATOR)
         except SpecError as exc:
             m.status, m.plan_id, m.reason = "stopped", None, str(exc)
             return
@@ -177,28 +212,63 @@ class Coordinator:
             raise Problem(403, f"worker [{p}, {s}] is not part of job {job.id} ({job.job.pipelines} "
                           f"pipelines x {job.job.stages} stages); refused", field=field_name)
 
-    async def heartbeat(self, job: JobRow, worker: Worker, address: str | None, pid: int | None) -> dict:
+    async def heartbeat(self, job: JobRow, worker: Worker, address: str | None, pid: int | None,
+                        caller: Caller) -> dict:
         self.check_worker(job, worker)
         m = await self.membership(job)
-        if worker not in m.last_seen or address is not None or pid is not None:
-            await in_thread(self.store.register_worker, job.id, worker, address, pid)
-        m.last_seen[worker] = time.monotonic()
-        m.suspects.pop(worker, None)  # it is alive: a peer's report was about someone else's death
+        now = time.monotonic()
+        minted = new_hash = None
+        stored = m.sessions.get(worker)
+        if not caller.admin and (stored is None or not caller.owns(stored)):
+            seen = m.last_seen.get(worker)
+            if stored is not None and worker not in m.failed and seen is not None \
+                    and now - seen <= self.settings.heartbeat_timeout_s:
+                raise Problem(409, f"worker {list(worker)} is registered by another process that is still "
+                              "beating (X-Recycle-Registration differs); a restarted worker is let in once "
+                              f"the old one has been silent for {self.settings.heartbeat_timeout_s:g} s",
+                              field="worker")
+            minted, new_hash = new_registration()
+        if new_hash is not None or worker not in m.last_seen or address is not None or pid is not None:
+            await in_thread(self.store.register_worker, job.id, worker, address, pid, new_hash)
+        if new_hash is not None:
+            m.sessions[worker] = new_hash
+        m.last_seen[worker] = now
+        if m.started_at is None:
+            m.started_at = now
         self._publish(m)
-        return self._state(m, worker)
+        out = self._state(m, worker)
+        if minted is not None:
+            out["registration"] = minted
+        return out
+
+    def _check_reporter(self, m: Membership, caller: Caller, worker: Worker, what: str) -> None:
+        """A worker token acts as one registered worker: the one whose registration id it sends."""
+        if caller.admin:
+            return
+        stored = m.sessions.get(worker)
+        if stored is None or not caller.owns(stored):
+            raise Problem(403, f"{what} {list(worker)} is not registered by this process: register with a "
+                          "heartbeat and send its registration id as X-Recycle-Registration",
+                          field="reporter" if what == "reporter" else "worker")
 
     async def report_failure(self, job: JobRow, worker: Worker, reporter: Worker | None,
-                             reason: str | None) -> dict:
+                             reason: str | None, caller: Caller) -> dict:
         self.check_worker(job, worker)
         if reporter is not None:
             self.check_worker(job, reporter, "reporter")
+        elif not caller.admin:
+            raise Problem(403, "a worker token reports as a worker: give `reporter` (this worker)",
+                          field="reporter")
         m = await self.membership(job)
+        if reporter is not None:
+            self._check_reporter(m, caller, reporter, "reporter")
         seen = m.last_seen.get(worker)
         fresh = seen is not None and time.monotonic() - seen < 1.5 * self.settings.heartbeat_interval_s
-        if reporter is not None and fresh and worker not in m.failed:
+        if reporter is not None and reporter != worker and fresh and worker not in m.failed:
             # A gloo group breaks for every member when one dies, so a survivor can blame a live peer.
-            # A peer's report therefore only stands once the reported worker misses its next beats
-            # (the watchdog confirms it); a report from outside the job (operator, launcher) is final.
+            # A peer's report therefore only stands once the reported worker misses its next beats, or
+            # no new generation came long after (it is too slow); the watchdog decides. A report from
+            # outside the job (operator, launcher) or by a worker about itself is final.
             m.suspects.setdefault(worker, time.monotonic())
             return self._state(m, worker)
         if worker not in m.failed:
@@ -207,9 +277,10 @@ class Coordinator:
                                + (f": {reason}" if reason else ""))
         return self._state(m, worker)
 
-    async def report_rejoin(self, job: JobRow, worker: Worker) -> dict:
+    async def report_rejoin(self, job: JobRow, worker: Worker, caller: Caller) -> dict:
         self.check_worker(job, worker)
         m = await self.membership(job)
+        self._check_reporter(m, caller, worker, "worker")
         if worker not in m.failed:
             raise Problem(409, f"worker {list(worker)} is not in the failure set of generation "
                           f"{m.generation}; nothing to rejoin", field="worker")
@@ -244,6 +315,7 @@ class Coordinator:
              "failed": w in m.failed,
              "seconds_since_heartbeat": round(now - m.last_seen[w], 3) if w in m.last_seen else None}
             for w, info in sorted(registered.items())]
+        out["spec"] = job.job.filled()
         return out
 
     async def assignment(self, job: JobRow, worker: Worker, after: int, wait_s: float) -> bytes | None:
@@ -297,26 +369,11 @@ class Coordinator:
         period = min(0.25, self.settings.heartbeat_timeout_s / 4)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
             for m in list(self._members.values()):
-                silent = {w for w, seen in m.last_seen.items()
-                          if now - seen > self.settings.heartbeat_timeout_s and w not in m.failed}
-                # Long enough for a live worker's next beat even on a loaded machine, well under the
-                # heartbeat timeout that would catch a silent worker anyway.
-                confirm = max(2 * self.settings.heartbeat_interval_s, self.settings.heartbeat_timeout_s / 2)
-                confirmed = {w for w, reported in m.suspects.items()
-                             if now - reported > confirm and w not in m.failed}
-                for w in list(m.suspects):
-                    if w in m.failed or w in confirmed:
-                        del m.suspects[w]
-                if silent or confirmed:
-                    names = ", ".join(str(list(w)) for w in sorted(silent | confirmed))
+                lost, cause = lost_workers(m, self.settings, time.monotonic())
+                if lost:
                     try:
-                        timeout = self.settings.heartbeat_timeout_s
-                        cause = (f"missed heartbeats for {timeout} s: {names}" if silent and not confirmed
-                                 else f"reported by a peer and silent for {confirm:g} s since: {names}"
-                                 if not silent else f"missed heartbeats or reported and silent: {names}")
-                        await self._change(m, set(m.failed) | silent | confirmed, cause)
+                        await self._change(m, set(m.failed) | lost, cause)
                     except Exception as exc:  # keep watching the other jobs
                         log.error("watchdog transition failed", exc_info=exc, extra={"job_id": m.job.id})
                 self._publish(m)

@@ -14,7 +14,6 @@ from sqlalchemy import (
     Engine,
     Float,
     ForeignKey,
-    Index,
     Integer,
     MetaData,
     String,
@@ -23,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
     text,
 )
 from sqlalchemy.engine import Connection
@@ -64,10 +64,12 @@ plans = Table(
     UniqueConstraint("job_id", "failed_key", name="uq_plans_job_failed"),
 )
 
+# No foreign key to jobs (schema v3): an operation outlives its job's delete, as `cancelled`, so a
+# client polling it learns why it stopped instead of getting a 404.
 operations = Table(
     "operations", metadata,
     Column("id", String(32), primary_key=True),
-    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", String(32), nullable=False),
     Column("kind", String(32), nullable=False),
     Column("max_failures", Integer, nullable=False),
     Column("status", String(16), nullable=False, comment="running | done | cancelled | failed"),
@@ -97,9 +99,27 @@ registrations = Table(
     Column("address", String(256), nullable=True),
     Column("pid", Integer, nullable=True),
     Column("registered_at", Float, nullable=False),
+    Column("session_sha256", String(64), nullable=True,
+           comment="hash of the registration id handed to the process that registered (schema v5)"),
+)
+
+# POST /v1/jobs with an `Idempotency-Key`: the key, the job it created and a hash of the request, so a
+# retry (same key, same body) answers the same job and a reuse with another body is refused.
+idempotency_keys = Table(
+    "idempotency_keys", metadata,
+    Column("key", String(255), primary_key=True),
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("request_sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
 )
 
 schema_table = Table("recycle_schema", MetaData(), Column("version", Integer, nullable=False))
+
+
+def _index(conn: Connection, name: str, table: str, column: str) -> None:
+    """Plain DDL: an `Index` object would attach itself to the Table, and a later `create_all` in the
+    same process (a second database migrated from v0) would then create it twice."""
+    conn.execute(text(f"CREATE INDEX {name} ON {table} ({column})"))
 
 
 def _v1_initial(conn: Connection) -> None:
@@ -107,11 +127,38 @@ def _v1_initial(conn: Connection) -> None:
 
 
 def _v2_indexes(conn: Connection) -> None:
-    Index("ix_plans_job", plans.c.job_id).create(conn)
-    Index("ix_operations_job", operations.c.job_id).create(conn)
+    _index(conn, "ix_plans_job", "plans", "job_id")
+    _index(conn, "ix_operations_job", "operations", "job_id")
 
 
-MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1_initial), (2, _v2_indexes)]
+def _v3_operations_outlive_jobs(conn: Connection) -> None:
+    """Rebuild `operations` without its foreign key (portable: SQLite cannot drop a constraint)."""
+    conn.execute(text(
+        "CREATE TABLE operations_v3 (id VARCHAR(32) NOT NULL PRIMARY KEY, job_id VARCHAR(32) NOT NULL, "
+        "kind VARCHAR(32) NOT NULL, max_failures INTEGER NOT NULL, status VARCHAR(16) NOT NULL, "
+        "total INTEGER NOT NULL, done INTEGER NOT NULL, error TEXT, created_at FLOAT NOT NULL, "
+        "updated_at FLOAT NOT NULL)"))
+    columns = ", ".join(c.name for c in operations.columns)
+    conn.execute(text(f"INSERT INTO operations_v3 ({columns}) SELECT {columns} FROM operations"))
+    conn.execute(text("DROP TABLE operations"))
+    conn.execute(text("ALTER TABLE operations_v3 RENAME TO operations"))
+    _index(conn, "ix_operations_job", "operations", "job_id")
+
+
+def _v4_idempotency_keys(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[idempotency_keys])
+    _index(conn, "ix_idempotency_job", "idempotency_keys", "job_id")
+
+
+def _v5_registration_sessions(conn: Connection) -> None:
+    """Bind a registration to its process (a database made at v1 by this code already has it)."""
+    if "session_sha256" not in {c["name"] for c in inspect(conn).get_columns("registrations")}:
+        conn.execute(text("ALTER TABLE registrations ADD COLUMN session_sha256 VARCHAR(64)"))
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
+    (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys),
+    (5, _v5_registration_sessions)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

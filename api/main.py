@@ -6,18 +6,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from api import logs, problems
 from api.coordination import Coordinator
 from api.db import make_engine, migrate
-from api.deps import Authorized, Services
+from api.deps import Authorized, Services, get_caller
 from api.fastpath import CachedStreams
+from api.lru import LRU
 from api.materials import parse_failed_key
 from api.metrics import Metrics
-from api.middleware import AccessMetrics, BodyLimit
+from api.middleware import AccessMetrics, BodyLimit, ContainErrors
 from api.plan_service import PlanService
 from api.precompute import Precomputer
 from api.routers import coordinator, jobs, operations, ops, plans
@@ -56,12 +57,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(engine)
         solver = Solver(settings, store, metrics)
         solver.start()
-        plan_service = PlanService(store, solver, metrics)
+        plan_service = PlanService(store, solver, metrics, settings.cache_entries)
         services = Services(
             settings=settings, store=store, metrics=metrics, solver=solver, plans=plan_service,
             precomputer=Precomputer(store, solver, settings.solver_processes,
                                     settings.max_precompute_classes),
-            coordinator=Coordinator(settings, store, plan_service, metrics), schema_version=version)
+            coordinator=Coordinator(settings, store, plan_service, metrics), schema_version=version,
+            jobs=LRU(settings.cache_entries))
+        metrics.watch_size("jobs", services.jobs)
+        metrics.watch_size("finished_plans", plan_service._finished)
+        metrics.watch_size("memberships", services.coordinator._members)
         app.state.services = services
         services.coordinator.start()
         await _resume(services)
@@ -86,13 +91,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(ops.health_router)
     app.include_router(ops.metrics_router)
-    for router in (jobs.router, plans.router, operations.router, coordinator.router):
-        app.include_router(router, dependencies=Authorized)
+    unavailable = {503: {"model": problems.ProblemDocument, "content": {problems.PROBLEM_MEDIA_TYPE: {}},
+                         "description": "The database is unreachable (or a queue is full): retry after "
+                         "`Retry-After` seconds."}}
+    for router in (jobs.router, plans.router, operations.router):
+        app.include_router(router, dependencies=Authorized, responses=unavailable)
+    # Coordinator routes: the admin token or the job's own worker token (checked before the job).
+    app.include_router(coordinator.router, dependencies=[Depends(get_caller)], responses=unavailable)
     app.include_router(_docs_router(app))
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     app.add_middleware(CachedStreams, service_app=app, token=token)
     app.add_middleware(AccessMetrics, metrics=metrics, log_requests=settings.access_log)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ContainErrors)  # outermost: see its docstring
 
     return app
 
@@ -113,7 +124,7 @@ async def _resume(services: Services) -> None:
         if job_id in rows:
             job = rows[job_id].job
             canonical = normalize(job, parse_failed_key(class_key))
-            services.solver.ensure(job_id, job, canonical.key, canonical.failed)
+            services.solver.ensure(job_id, job, canonical.key, canonical.failed, refuse=False)
     await services.precomputer.resume_all(rows)
     if pending or ops_running:
         log.info("resumed", extra={"pending_solves": len(pending), "operations": len(ops_running)})

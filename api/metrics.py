@@ -20,6 +20,8 @@ class Metrics:
         self.solve_seconds = Histogram("recycle_solve_seconds", "Wall time of one planner solve.",
                                        buckets=_SOLVE_BUCKETS, registry=r)
         self.solves = Counter("recycle_solves", "Planner solves finished.", ["outcome"], registry=r)
+        self.pool_restarts = Counter("recycle_solve_pool_restarts", "Solve pools replaced (a process died "
+                                     "or a solve overran its deadline).", registry=r)
         self.solves_in_flight = Gauge("recycle_solves_in_flight", "Solves running or queued.", registry=r)
         self.plan_lookups = Counter(
             "recycle_plan_lookups", "Plan requests: `hit` = a stored plan answered at once, `shared` = "
@@ -31,6 +33,12 @@ class Metrics:
                                    ["job_id"], registry=r)
         self.failed_workers = Gauge("recycle_failed_workers", "Workers in the current failure set.",
                                     ["job_id"], registry=r)
+
+        self.cache_entries = Gauge("recycle_cache_entries", "Entries held by each bounded in-memory map.",
+                                   ["cache"], registry=r)
+
+    def watch_size(self, cache: str, sized) -> None:
+        self.cache_entries.labels(cache).set_function(lambda: len(sized))
 
     def forget_job(self, job_id: str) -> None:
         for gauge in (self.generation, self.alive_workers, self.failed_workers):

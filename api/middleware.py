@@ -11,6 +11,7 @@ from api.metrics import Metrics
 from api.problems import PROBLEM_MEDIA_TYPE, problem_body
 
 access_log = logs.get("access")
+error_log = logs.get("errors")
 
 
 class BodyLimit:
@@ -70,6 +71,41 @@ async def _send_problem(send: Send, status: int, detail: str, scope: Scope) -> N
                 "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
                             (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+class ContainErrors:
+    """An unexpected error becomes a logged 500 problem and goes no further: the connection stays open.
+
+    Outermost of the service's middleware; Starlette's own error middleware would re-raise to the
+    server, which then drops the keep-alive connection. Only an error after the response started
+    (nothing valid can follow) is passed on, and that connection is closed."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            error_log.error("unhandled error", exc_info=exc, extra={"path": scope.get("path")})
+            if started:
+                raise
+            body = problem_body(500, f"internal error ({type(exc).__name__}); the service keeps running",
+                                scope.get("path"))
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
 
 
 class AccessMetrics:

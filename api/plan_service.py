@@ -7,11 +7,14 @@ the database is read once per plan, not once per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
+from api.lru import LRU
 from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key
 from api.metrics import Metrics
 from api.problems import Problem
+from api.solve_queue import CLIENT, QueueFull
 from api.solver import Solver, in_thread
 from api.store import JobRow, PlanRow, Store
 from planner.failures import normalize
@@ -19,14 +22,16 @@ from planner.spec import Worker
 
 
 class PlanService:
-    def __init__(self, store: Store, solver: Solver, metrics: Metrics):
+    def __init__(self, store: Store, solver: Solver, metrics: Metrics, cache_entries: int = 4096):
         self.store, self.solver, self.metrics = store, solver, metrics
         self.cache = MaterialCache()
-        self._finished: dict[tuple[str, str], PlanRow] = {}
+        self._finished: LRU[tuple[str, str], PlanRow] = LRU(cache_entries)
         self._building: dict[tuple[str, str], asyncio.Future] = {}
 
-    async def request(self, job: JobRow, failed: object) -> tuple[PlanRow, asyncio.Future | None]:
-        """The plan of a failure set: the stored row, and the solve's future when it is not done yet."""
+    async def request(self, job: JobRow, failed: object, priority: int = CLIENT
+                      ) -> tuple[PlanRow, asyncio.Future | None]:
+        """The plan of a failure set: the stored row, and the solve's future when it is not done yet.
+        A new client solve while the solve queue is full raises `QueueFull` (503)."""
         canonical = normalize(job.job, failed)  # SpecError (422) names the bad worker or dead stage
         concrete = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
         plan = await in_thread(self.store.get_or_create_plan, job.id, failed_key(concrete), canonical.key)
@@ -35,7 +40,7 @@ class PlanService:
             return self._remember(plan), None
         shared = self.solver.in_flight(job.id, canonical.key)
         self.metrics.plan_lookups.labels("shared" if shared else "miss").inc()
-        return plan, self.solver.ensure(job.id, job.job, canonical.key, canonical.failed)
+        return plan, self.solver.ensure(job.id, job.job, canonical.key, canonical.failed, priority)
 
     async def get(self, job: JobRow, plan_id: str) -> PlanRow:
         found = self._finished.get((job.id, plan_id))
@@ -47,19 +52,20 @@ class PlanService:
         if plan.status == "pending":
             # Nobody may be solving it (e.g. the service restarted): make sure someone is.
             canonical = normalize(job.job, parse_failed_key(plan.failed_key))
-            self.solver.ensure(job.id, job.job, canonical.key, canonical.failed)
+            with contextlib.suppress(QueueFull):  # queue full: still pending, a later poll tries again
+                self.solver.ensure(job.id, job.job, canonical.key, canonical.failed)
             return plan
         return self._remember(plan)
 
     def _remember(self, plan: PlanRow) -> PlanRow:
         if plan.status != "pending":
-            self._finished[(plan.job_id, plan.id)] = plan
+            self._finished.put((plan.job_id, plan.id), plan)
         return plan
 
     def forget_job(self, job_id: str) -> None:
         self.cache.forget_job(job_id)
         for key in [k for k in self._finished if k[0] == job_id]:
-            del self._finished[key]
+            self._finished.pop(key)
 
     async def material(self, job: JobRow, plan: PlanRow) -> PlanMaterial:
         """The concrete plan, built once per plan however many requests want it at the same time."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from math import comb
 
 from api import logs
 from api.materials import failed_key
 from api.problems import Problem
+from api.solve_queue import PRECOMPUTE
 from api.solver import Solver, in_thread
 from api.store import JobRow, Store
 from planner.failures import TooManyClasses, enumerate_failure_classes
@@ -21,12 +23,41 @@ from planner.spec import JobSpec, Worker
 log = logs.get("precompute")
 
 
+def useful_failures(job: JobSpec, max_failures: int) -> int:
+    """More failures than (D - 1) x S leave some stage without a survivor: no further classes."""
+    return min(max_failures, (job.pipelines - 1) * job.stages)
+
+
+def classes_at_least(job: JobSpec, max_failures: int) -> int:
+    """A lower bound on the class count, by arithmetic: with D >= 2 every non-empty stage subset of
+    size <= k failed on one pipeline is a class of its own (plus the empty set)."""
+    k = useful_failures(job, max_failures)
+    return 1 + sum(comb(job.stages, size) for size in range(1, min(k, job.stages) + 1))
+
+
+def _count(n: int) -> str:
+    digits = str(n)
+    return digits if len(digits) <= 12 else f"about 10^{len(digits) - 1}"
+
+
 def failure_classes(job: JobSpec, max_failures: int, cap: int) -> list[tuple[Worker, ...]]:
-    """Bounded before allocation (planner.failures checks the count arithmetically first)."""
+    """Every class to plan, refused by arithmetic before anything is allocated when there are more
+    than `cap`; the planner's enumeration then stops at the cap too."""
+    k = useful_failures(job, max_failures)
+    if k <= 0:  # one pipeline (or none useful): only the failure-free plan
+        return [()]
+    at_least = classes_at_least(job, k)
+    if at_least > cap:
+        raise Problem(422, f"max_failures: {max_failures} gives at least {_count(at_least)} failure classes "
+                      f"for a {job.pipelines} x {job.stages} job, more than the cap of {cap} "
+                      "(RECYCLE_MAX_PRECOMPUTE_CLASSES); ask for fewer failures", field="max_failures")
     try:
-        return list(enumerate_failure_classes(job, max_failures, max_classes=cap))
-    except TooManyClasses as exc:
-        raise Problem(422, f"{exc} (RECYCLE_MAX_PRECOMPUTE_CLASSES)", field="max_failures") from None
+        return list(enumerate_failure_classes(job, k, max_classes=cap))
+    except TooManyClasses:
+        raise Problem(422, f"max_failures: {max_failures} gives more than {cap} failure classes for a "
+                      f"{job.pipelines} x {job.stages} job, at least {cap + 1} "
+                      "(RECYCLE_MAX_PRECOMPUTE_CLASSES); ask for fewer failures",
+                      field="max_failures") from None
 
 
 class Precomputer:
@@ -34,6 +65,7 @@ class Precomputer:
         self.store, self.solver = store, solver
         self.parallel, self.max_classes = parallel, max_classes
         self._tasks: dict[str, asyncio.Task] = {}
+        self._job_of: dict[str, str] = {}  # operation -> job, for the running ones
         self._rate: dict[str, tuple[float, int]] = {}  # operation -> (resumed at, done at resume)
 
     async def start(self, job: JobRow, max_failures: int) -> dict:
@@ -56,7 +88,20 @@ class Precomputer:
 
     def _launch(self, op_id: str, job: JobRow, classes: list[tuple[Worker, ...]]) -> None:
         self._tasks[op_id] = asyncio.create_task(self._run(op_id, job, classes))
-        self._tasks[op_id].add_done_callback(lambda _: self._tasks.pop(op_id, None))
+        self._job_of[op_id] = job.id
+
+        def done(_: asyncio.Task) -> None:
+            self._tasks.pop(op_id, None)
+            self._job_of.pop(op_id, None)
+
+        self._tasks[op_id].add_done_callback(done)
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted (its operations are marked cancelled in the same transaction): stop."""
+        for op_id in [o for o, j in self._job_of.items() if j == job_id]:
+            task = self._tasks.pop(op_id, None)
+            if task is not None:
+                task.cancel()
 
     def eta_s(self, op: dict) -> float | None:
         rate = self._rate.get(op["id"])
@@ -96,7 +141,8 @@ class Precomputer:
                     cls = queue.pop()
                     key = failed_key(cls)
                     await in_thread(self.store.ensure_solve, job.id, key)
-                    running.add(asyncio.ensure_future(self.solver.ensure(job.id, job.job, key, cls)))
+                    running.add(asyncio.ensure_future(self.solver.ensure(job.id, job.job, key, cls,
+                                                                               PRECOMPUTE)))
                 finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for fut in finished:
                     if fut.result() == "done":

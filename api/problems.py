@@ -13,9 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
+from api.solve_queue import QueueFull
+from api.store import JobGone, KeyReused
 from planner.spec import SpecError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -69,10 +73,16 @@ def problem_response(status: int, detail: str, instance: str | None = None, fiel
                     media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
+_TYPE_TAGS = {"float", "int", "str", "bool", "none", "list", "dict", "tuple"}
+
+
 def _loc_field(loc: tuple | list) -> str | None:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
+    # Drop pydantic's union-member tags ("float", "list[float]", "function-after[...]"): the client
+    # named `forward_ms`, not `forward_ms.float`.
+    parts = [p for p in parts if not ("[" in p or p in _TYPE_TAGS)]
     return ".".join(parts) or None
 
 
@@ -91,14 +101,40 @@ def install(app: FastAPI) -> None:
         return problem_response(422, str(exc), request.url.path, exc.field,
                                 [{"field": exc.field, "message": str(exc)}])
 
+    @app.exception_handler(QueueFull)
+    async def _full(request: Request, exc: QueueFull) -> Response:
+        return problem_response(503, str(exc), request.url.path, headers={"Retry-After": "2"})
+
+    @app.exception_handler(JobGone)
+    async def _gone(request: Request, exc: JobGone) -> Response:
+        return problem_response(404, str(exc), request.url.path, "job_id")
+
+    @app.exception_handler(KeyReused)
+    async def _reused(request: Request, exc: KeyReused) -> Response:
+        return problem_response(422, str(exc), request.url.path, "Idempotency-Key")
+
+    async def _database(request: Request, exc: Exception) -> Response:
+        """The database is unreachable, locked or out of connections: a temporary condition."""
+        log.warning("database unavailable", extra={"path": request.url.path, "error": type(exc).__name__})
+        return problem_response(503, "the database is unavailable right now; retry shortly",
+                                request.url.path, headers={"Retry-After": "1"})
+
+    for db_error in (OperationalError, InterfaceError, PoolTimeout):
+        app.add_exception_handler(db_error, _database)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = []
         for e in exc.errors():
             msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            if e.get("type") == "extra_forbidden":
+                msg = "unknown field (not part of this request's schema; check its spelling)"
+            elif str(e.get("type", "")).endswith(("_type", "_parsing")) and "input" in e:
+                msg = f"{msg}, got {repr(e['input'])[:100]} (no conversion from strings or booleans)"
             field = _loc_field(e.get("loc", ())) or _message_field(msg)
             message = f"{field}: {msg}" if field and field not in msg else msg
-            errors.append({"field": field, "message": message})
+            if {"field": field, "message": message} not in errors:
+                errors.append({"field": field, "message": message})
         for e in exc.errors():
             if e.get("type") == "json_invalid":
                 where = e.get("loc", ("body", "?"))[-1]
@@ -113,9 +149,7 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         return problem_response(exc.status_code, str(exc.detail), request.url.path,
                                 headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error", exc_info=exc, extra={"path": request.url.path})
-        return problem_response(500, f"internal error ({type(exc).__name__}); the service keeps running",
-                                request.url.path)
+    # Unexpected errors are answered by `api.middleware.ContainErrors`: a handler for `Exception`
+    # here would run in Starlette's ServerErrorMiddleware, which re-raises after answering, and
+    # uvicorn then closes the keep-alive connection (a client retrying after the reset may repeat
+    # a write).

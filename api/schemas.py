@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from planner.instructions import InstructionStream
 
-WorkerRef = tuple[int, int]
+# Request fields are strict (no "4" -> 4, no true -> 1): a client bug surfaces as a 422 naming the
+# field instead of a silently different request. JSON lists still read as tuples.
+WorkerRef = tuple[StrictInt, StrictInt]
 
 
 class JobOut(BaseModel):
@@ -17,6 +19,9 @@ class JobOut(BaseModel):
     spec: dict[str, Any] = Field(description="The job spec with defaults filled in.")
     workers: int = Field(description="pipelines x stages.")
     op_count: int = Field(description="F/B/W ops per iteration (3 x pipelines x stages x microbatches).")
+    worker_token: str | None = Field(
+        default=None, description="Bearer token for this job's worker processes: it allows only this "
+        "job's coordinator routes. Null when the service runs without RECYCLE_API_TOKEN.")
 
 
 class JobList(BaseModel):
@@ -31,7 +36,7 @@ class PlanRequest(BaseModel):
 
     failed: list[WorkerRef] = Field(default_factory=list, max_length=65536,
                                     description="Failed workers as [pipeline, stage].")
-    wait_s: float = Field(default=10.0, ge=0, le=3600,
+    wait_s: StrictFloat = Field(default=10.0, ge=0, le=3600,
                           description="How long to wait for a solve before answering 202 (capped by the "
                           "service's RECYCLE_MAX_WAIT_S).")
 
@@ -55,7 +60,7 @@ class PlanSummary(BaseModel):
 class PrecomputeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_failures: int = Field(ge=0, le=64, description="Plan every failure class of up to k workers.")
+    max_failures: StrictInt = Field(ge=0, le=64, description="Plan every failure class of up to k workers.")
 
 
 class OperationOut(BaseModel):
@@ -76,8 +81,9 @@ class OperationOut(BaseModel):
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    address: str | None = Field(default=None, max_length=256, description="host:port where peers reach it.")
-    pid: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    address: StrictStr | None = Field(default=None, max_length=256,
+                                      description="host:port where peers reach it.")
+    pid: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
 class WorkerReport(BaseModel):
@@ -85,7 +91,7 @@ class WorkerReport(BaseModel):
 
     worker: WorkerRef = Field(description="The failed (or rejoining) worker [pipeline, stage].")
     reporter: WorkerRef | None = Field(default=None, description="Who reports it (must be part of the job).")
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: StrictStr | None = Field(default=None, max_length=2000)
 
 
 class MembershipState(BaseModel):
@@ -103,6 +109,9 @@ class MembershipState(BaseModel):
     heartbeat_timeout_s: float
     worker: WorkerRef | None = None
     excluded: bool | None = Field(default=None, description="True when `worker` is in the failure set.")
+    registration: str | None = Field(
+        default=None, description="Answered once, when a worker token's heartbeat registers this process: "
+        "send it as X-Recycle-Registration on this worker's later calls.")
 
 
 class RegisteredWorker(BaseModel):
@@ -115,6 +124,8 @@ class RegisteredWorker(BaseModel):
 
 class MembershipDetail(MembershipState):
     workers: list[RegisteredWorker]
+    spec: dict[str, Any] = Field(description="The job spec with defaults filled in (what a worker process "
+                                 "holding only the job's worker token needs to join).")
 
 
 class Assignment(BaseModel):

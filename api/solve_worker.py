@@ -40,16 +40,35 @@ def warm_up() -> bool:
     return True
 
 
+class SolveFailed(Exception):  # noqa: N818 - the name says what happened to the solve
+    """Whatever the planner raised, as one readable line. Only this crosses the process boundary:
+    an exception is pickled as its `args`, so one whose `__init__` takes something else comes back
+    garbled (`PlanInvalid(violations)` re-built from its message read `invalid plan: i; n; v; a; l`)
+    and one that cannot be re-built at all (pydantic's `ValidationError`) breaks the pool."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (SolveFailed, (self.message,))
+
+
 def solve_class(job_json: str, failed: list[list[int]], time_limit_s: float, use_cp: bool,
                 seed: int) -> tuple[dict[str, Any], str]:
     """Plan one canonical failure class; (summary, timeline JSON text).
 
-    Raises `SpecError` for a failure set that cannot be planned, or `PlanInvalid` (a planner bug).
+    Raises `SolveFailed` with `Type: message` for anything the planner raises (a failure set that
+    cannot be planned, `PlanInvalid` from a planner bug, running out of memory ...).
     """
-    from planner.solve import plan
-    from planner.spec import JobSpec
+    try:
+        from planner.solve import plan
+        from planner.spec import JobSpec
 
-    job = JobSpec.model_validate_json(job_json)
-    result = plan(job, [tuple(w) for w in failed], time_limit_s=time_limit_s, use_cp=use_cp, seed=seed)
-    timeline = result.timeline_json()
-    return timeline["solver"], json.dumps(timeline, separators=(",", ":"))
+        job = JobSpec.model_validate_json(job_json)
+        result = plan(job, [tuple(w) for w in failed], time_limit_s=time_limit_s, use_cp=use_cp, seed=seed)
+        timeline = result.timeline_json()
+        return timeline["solver"], json.dumps(timeline, separators=(",", ":"))
+    except Exception as exc:
+        message = " ".join(str(exc).split())[:2000]
+        raise SolveFailed(f"{type(exc).__name__}: {message}") from None

@@ -6,6 +6,7 @@ row, never half of one; finished solves are written in the same transaction as t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -17,12 +18,32 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from api.db import jobs, memberships, operations, plans, registrations, solves
+from api.db import idempotency_keys, jobs, memberships, operations, plans, registrations, solves
 from planner.spec import JobSpec
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+class KeyReused(ValueError):
+    """An `Idempotency-Key` already used for a different request body (answered as 422)."""
+
+
+class GenerationConflict(RuntimeError):
+    """The stored generation is not the one this coordinator changed from: another moved it."""
+
+    def __init__(self, job_id: str, generation: int, stored: int | None):
+        super().__init__(f"job {job_id}: generation {generation} not stored, the database holds "
+                         f"{stored if stored is not None else 'another new one'} (another coordinator?)")
+
+
+class JobGone(LookupError):
+    """The job was deleted while a request for it was under way (answered as 404)."""
+
+    def __init__(self, job_id: str):
+        super().__init__(f"no job {job_id} (it was deleted)")
+        self.job_id = job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +78,49 @@ class Store:
 
     # ------------------------------------------------------------------------------------ jobs
     def create_job(self, job: JobSpec) -> JobRow:
-        row = JobRow(new_id(), job, time.time())
-        with self._write() as conn:
-            conn.execute(insert(jobs).values(
-                id=row.id, spec=json.dumps(job.filled()), pipelines=job.pipelines, stages=job.stages,
-                microbatches=job.microbatches, created_at=row.created_at))
-        return row
+        return self.create_job_once(job, None)[0]
+
+    def create_job_once(self, job: JobSpec, idempotency_key: str | None) -> tuple[JobRow, bool]:
+        """The new job, or with a key already used for the same spec the job it made (True: replayed).
+
+        The key and the job are written in one transaction (a retry racing the first request either
+        sees both or waits for the write lock / unique key and then reads them)."""
+        spec = json.dumps(job.filled())
+        digest = hashlib.sha256(json.dumps(job.filled(), sort_keys=True).encode()).hexdigest()
+        for _ in range(3):
+            if idempotency_key is not None:
+                found = self._keyed_job(idempotency_key, digest)
+                if found is not None:
+                    return found, True
+            row = JobRow(new_id(), job, time.time())
+            try:
+                with self._write() as conn:
+                    conn.execute(insert(jobs).values(
+                        id=row.id, spec=spec, pipelines=job.pipelines, stages=job.stages,
+                        microbatches=job.microbatches, created_at=row.created_at))
+                    if idempotency_key is not None:
+                        conn.execute(insert(idempotency_keys).values(
+                            key=idempotency_key, job_id=row.id, request_sha256=digest,
+                            created_at=row.created_at))
+                return row, False
+            except IntegrityError:
+                if idempotency_key is None:
+                    raise
+                continue  # a concurrent request with this key won: read its job
+        raise RuntimeError(f"Idempotency-Key {idempotency_key!r}: neither stored nor found")
+
+    def _keyed_job(self, key: str, digest: str) -> JobRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(idempotency_keys.c.request_sha256, jobs.c.id, jobs.c.spec, jobs.c.created_at)
+                .join(jobs, jobs.c.id == idempotency_keys.c.job_id)
+                .where(idempotency_keys.c.key == key)).first()
+        if r is None:
+            return None
+        if r.request_sha256 != digest:
+            raise KeyReused(f"Idempotency-Key: {key!r} was already used to create job {r.id} from a "
+                            "different job spec; use a new key for a new job")
+        return JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at)
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self.engine.connect() as conn:
@@ -77,11 +135,31 @@ class Store:
         return [JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at) for r in rows], total
 
     def delete_job(self, job_id: str) -> bool:
+        """Delete the job and everything planned for it. Its operations stay (no foreign key since
+        schema v3): a running one is marked cancelled, so whoever polls it learns why it stopped."""
         with self._write() as conn:
+            conn.execute(update(operations).where(
+                and_(operations.c.job_id == job_id, operations.c.status == "running"))
+                .values(status="cancelled", error="the job was deleted", updated_at=time.time()))
             # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
-            for table in (registrations, memberships, operations, plans, solves):
+            for table in (registrations, memberships, plans, solves, idempotency_keys):
                 conn.execute(delete(table).where(table.c.job_id == job_id))
             return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
+
+    def job_exists(self, job_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None
+
+    @contextmanager
+    def _job_write(self, job_id: str) -> Iterator[Connection]:
+        """A write of a job's child rows: the job's foreign key failing means it was deleted."""
+        try:
+            with self._write() as conn:
+                yield conn
+        except IntegrityError:
+            if not self.job_exists(job_id):
+                raise JobGone(job_id) from None
+            raise
 
     # ----------------------------------------------------------------------------- plans/solves
     def get_or_create_plan(self, job_id: str, failed_key: str, class_key: str) -> PlanRow:
@@ -92,14 +170,16 @@ class Store:
                 return found
             now = time.time()
             try:
-                with self._write() as conn:
+                with self._job_write(job_id) as conn:
                     self._ensure_solve_row(conn, job_id, class_key, now)
                     conn.execute(insert(plans).values(id=new_id(), job_id=job_id, failed_key=failed_key,
                                                       class_key=class_key, created_at=now))
             except IntegrityError:
                 continue  # a concurrent request created it first: read theirs
         found = self._find_plan(job_id, failed_key)
-        assert found is not None
+        if found is None:
+            raise JobGone(job_id) if not self.job_exists(job_id) else RuntimeError(
+                f"plan of {failed_key} for job {job_id} neither created nor found")
         return found
 
     def _ensure_solve_row(self, conn, job_id: str, class_key: str, now: float) -> None:
@@ -113,7 +193,7 @@ class Store:
         """Create the solve row of a class if missing; its status."""
         for _ in range(3):
             try:
-                with self._write() as conn:
+                with self._job_write(job_id) as conn:
                     self._ensure_solve_row(conn, job_id, class_key, time.time())
                 break
             except IntegrityError:
@@ -174,6 +254,8 @@ class Store:
         values = dict(id=new_id(), job_id=job_id, kind="precompute", max_failures=max_failures,
                       status="running", total=total, done=done, error=None, created_at=now, updated_at=now)
         with self._write() as conn:
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+                raise JobGone(job_id)  # no foreign key on operations (they outlive their job)
             conn.execute(insert(operations).values(**values))
         return values
 
@@ -206,31 +288,49 @@ class Store:
         return out
 
     def save_membership(self, job_id: str, generation: int, failed: list, plan_id: str | None, status: str,
-                        reason: str | None) -> None:
+                        reason: str | None, expected: int | None = None) -> None:
+        """Store the job's membership; compare-and-swap on the generation: the stored one must be
+        `expected` (default: `generation`, an update within it; `generation - 1` for a change), or
+        none at all for generation 1. Otherwise another coordinator moved it: `GenerationConflict`."""
+        expected = generation if expected is None else expected
         values = dict(generation=generation, failed=json.dumps([list(w) for w in failed]), plan_id=plan_id,
                       status=status, reason=reason, updated_at=time.time())
-        with self._write() as conn:
-            changed = conn.execute(update(memberships).where(memberships.c.job_id == job_id)
-                                   .values(**values)).rowcount
-            if not changed:
+        try:
+            with self._job_write(job_id) as conn:
+                changed = conn.execute(update(memberships).where(and_(
+                    memberships.c.job_id == job_id, memberships.c.generation == expected))
+                    .values(**values)).rowcount
+                if changed:
+                    return
+                stored = conn.execute(select(memberships.c.generation)
+                                      .where(memberships.c.job_id == job_id)).scalar()
+                if stored is not None or generation != 1:
+                    raise GenerationConflict(job_id, generation, stored)
                 conn.execute(insert(memberships).values(job_id=job_id, **values))
+        except IntegrityError:
+            if not self.job_exists(job_id):
+                raise JobGone(job_id) from None
+            raise GenerationConflict(job_id, generation, None) from None
 
     def register_worker(self, job_id: str, worker: tuple[int, int], address: str | None,
-                        pid: int | None) -> None:
+                        pid: int | None, session_sha256: str | None = None) -> None:
+        """Record a worker's registration; a new `session_sha256` binds it to another process."""
         key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
                    registrations.c.stage == worker[1])
-        with self._write() as conn:
-            changed = conn.execute(update(registrations).where(key).values(
-                address=address, pid=pid, registered_at=time.time())).rowcount
+        values: dict[str, Any] = dict(address=address, pid=pid, registered_at=time.time())
+        if session_sha256 is not None:
+            values["session_sha256"] = session_sha256
+        with self._job_write(job_id) as conn:
+            changed = conn.execute(update(registrations).where(key).values(**values)).rowcount
             if not changed:
                 conn.execute(insert(registrations).values(
-                    job_id=job_id, pipeline=worker[0], stage=worker[1], address=address, pid=pid,
-                    registered_at=time.time()))
+                    job_id=job_id, pipeline=worker[0], stage=worker[1], **values))
 
     def registrations(self, job_id: str) -> dict[tuple[int, int], dict]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(registrations).where(registrations.c.job_id == job_id)).all()
-        return {(r.pipeline, r.stage): {"address": r.address, "pid": r.pid} for r in rows}
+        return {(r.pipeline, r.stage): {"address": r.address, "pid": r.pid, "session": r.session_sha256}
+                for r in rows}
 
 
 def _plan_row(r) -> PlanRow:

@@ -27,10 +27,16 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                    ("database_url", args.database_url)) if v is not None}
+    from api.lease import Lease, LeaseHeld
+
     try:
         settings = Settings(**overrides)
         settings.check()
         _check_reachable(settings)
+        lease = Lease(settings.database_url).acquire()  # held until this process ends
+    except LeaseHeld as exc:
+        print(f"recycle serve: error: {exc}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "settings"
@@ -43,12 +49,18 @@ def run(args: argparse.Namespace) -> int:
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
         print(f"recycle serve: warning: listening on {settings.host} without RECYCLE_API_TOKEN",
               file=sys.stderr)
+    from api.protocol import guarded_protocol
+
+    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s)
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            log_level=settings.log_level.lower(), access_log=False,
-                            timeout_graceful_shutdown=5, h11_max_incomplete_event_size=65536,
-                            limit_concurrency=None, backlog=2048)
+                            log_level=settings.log_level.lower(), access_log=False, http=http,
+                            timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
+                            h11_max_incomplete_event_size=settings.max_header_bytes)
     server = uvicorn.Server(config)
-    server.run()
+    try:
+        server.run()
+    finally:
+        lease.close()
     return 0
 
 

@@ -81,12 +81,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         store_host, store_port = store_address(args.store, env)
         job_id = read_job_id(args.job)
         client = ServiceClient(args.service, token)
-        job = client._request("GET", f"/v1/jobs/{job_id}", (200,)).json()["spec"]
+        # The membership route answers the admin token and the job's worker token alike.
+        state = client.membership(job_id)
+        job = state["spec"]
         D, S, M = job["pipelines"], job["stages"], job["microbatches"]
         worker = place(args.worker, env, D, S)
         # A place the service already knows is a restart (e.g. a container its orchestrator brought
         # back): it must rejoin rather than start training from scratch.
-        registered = client.membership(job_id)["workers"]
+        registered = state["workers"]
         rejoin = args.rejoin or any(w["worker"] == list(worker) for w in registered)
         client.close()
         local_rank = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None

@@ -23,6 +23,9 @@ import httpx
 
 Worker = tuple[int, int]
 
+REGISTRATION_HEADER = "X-Recycle-Registration"
+"""Sent on every call once the service bound this worker's registration to this process."""
+
 POLL_WAIT_S = 20.0
 """Long-poll length; the HTTP read timeout is this plus a margin (the service's hierarchy)."""
 
@@ -70,13 +73,26 @@ class Membership:
 
     # ------------------------------------------------------------------------------- requests
     def register(self) -> dict[str, Any]:
-        """The first heartbeat registers this worker; returns the membership state."""
+        """The first heartbeat registers this worker; returns the membership state.
+
+        With a job's worker token the service binds the registration to this process: it answers a
+        registration id, sent as X-Recycle-Registration from then on. A restarted worker whose old
+        process is still counted alive is refused (409) until that one is declared failed: retry,
+        bounded by `service_lost_s`."""
         p, s = self.worker
-        resp = self._call(self._client, "POST", f"/workers/{p}/{s}/heartbeat", json={"pid": os.getpid()})
+        deadline = time.monotonic() + self.service_lost_s
+        while True:
+            resp = self._call(self._client, "POST", f"/workers/{p}/{s}/heartbeat", json={"pid": os.getpid()})
+            if resp.status_code != 409 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if resp.status_code != 200:
             raise MembershipError(f"registering worker {[p, s]} refused ({resp.status_code}): "
                                   f"{_detail(resp)}")
         state = resp.json()
+        if state.get("registration"):
+            self.headers[REGISTRATION_HEADER] = state["registration"]
+            self._client.headers[REGISTRATION_HEADER] = state["registration"]
         self.interval_s = float(state["heartbeat_interval_s"])
         return state
 
@@ -92,7 +108,8 @@ class Membership:
         life ended (409: not in the failure set), report it failed first, then rejoin."""
         resp = self._call(self._client, "POST", "/rejoins", json={"worker": list(self.worker)})
         if resp.status_code == 409:
-            gone = {"worker": list(self.worker), "reason": "restarted: the previous process is gone"}
+            gone = {"worker": list(self.worker), "reporter": list(self.worker),
+                    "reason": "restarted: the previous process is gone"}
             self._call(self._client, "POST", "/failures", json=gone)
             resp = self._call(self._client, "POST", "/rejoins", json={"worker": list(self.worker)})
         if resp.status_code != 200:

@@ -120,6 +120,11 @@ class ServiceClient:
         self._request("POST", f"/v1/jobs/{job_id}/failures", (200,),
                       json={"worker": list(worker), "reason": reason})
 
+    def worker_token(self, job_id: str) -> str | None:
+        """The job's worker token (admin token needed): all its worker processes need; None when the
+        service runs without authentication."""
+        return self._request("GET", f"/v1/jobs/{job_id}", (200,)).json().get("worker_token")
+
     def membership(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}/membership", (200,)).json()
 

@@ -7,33 +7,38 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query, Response
 
-from api.deps import JobDep, ServicesDep
+from api.deps import CallerDep, JobDep, ServicesDep
 from api.problems import ProblemDocument
 from api.schemas import Assignment, HeartbeatIn, MembershipDetail, MembershipState, WorkerReport
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["coordinator"],
-                   responses={403: {"model": ProblemDocument}, 404: {"model": ProblemDocument},
-                              422: {"model": ProblemDocument}})
+                   responses={401: {"model": ProblemDocument}, 403: {"model": ProblemDocument},
+                              404: {"model": ProblemDocument}, 422: {"model": ProblemDocument}})
 Index = Annotated[int, Path(ge=0, le=2**31 - 1)]
 
 
-@router.post("/workers/{pipeline}/{stage}/heartbeat", response_model=MembershipState)
-async def heartbeat(pipeline: Index, stage: Index, job: JobDep, services: ServicesDep,
+@router.post("/workers/{pipeline}/{stage}/heartbeat", response_model=MembershipState,
+             responses={409: {"model": ProblemDocument}})
+async def heartbeat(pipeline: Index, stage: Index, caller: CallerDep, job: JobDep, services: ServicesDep,
                     body: Annotated[HeartbeatIn | None, Body()] = None) -> dict:
     """Register (first beat) or stay alive. Beat every `heartbeat_interval_s`; a registered worker
-    silent for `heartbeat_timeout_s` is declared failed."""
+    silent for `heartbeat_timeout_s` is declared failed. With a worker token, a registration answers
+    `registration`: send it as `X-Recycle-Registration` on every later call; another process beating
+    for a live registered worker is refused (409)."""
     body = body or HeartbeatIn()
-    return await services.coordinator.heartbeat(job, (pipeline, stage), body.address, body.pid)
+    return await services.coordinator.heartbeat(job, (pipeline, stage), body.address, body.pid, caller)
 
 
-@router.post("/failures", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
-async def report_failure(report: WorkerReport, job: JobDep, services: ServicesDep) -> dict:
-    return await services.coordinator.report_failure(job, report.worker, report.reporter, report.reason)
+@router.post("/failures", response_model=MembershipState,
+             responses={409: {"model": ProblemDocument}})
+async def report_failure(report: WorkerReport, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
+    return await services.coordinator.report_failure(job, report.worker, report.reporter, report.reason,
+                                                     caller)
 
 
 @router.post("/rejoins", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
-async def report_rejoin(report: WorkerReport, job: JobDep, services: ServicesDep) -> dict:
-    return await services.coordinator.report_rejoin(job, report.worker)
+async def report_rejoin(report: WorkerReport, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
+    return await services.coordinator.report_rejoin(job, report.worker, caller)
 
 
 @router.get("/membership", response_model=MembershipDetail)

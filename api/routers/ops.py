@@ -24,7 +24,8 @@ async def healthz(services: ServicesDep) -> Health:
     try:
         await in_thread(ping)
     except Exception as exc:
-        raise Problem(503, f"database unreachable: {type(exc).__name__}") from None
+        raise Problem(503, f"database unreachable: {type(exc).__name__}",
+                      headers={"Retry-After": "1"}) from None
     return Health(status="ok", database=services.store.engine.dialect.name,
                   schema_version=services.schema_version)
 

@@ -107,6 +107,7 @@ def test_bearer_token_guards_everything_but_healthz(tmp_path):
     (["--host", "192.0.2.1"], {}, "--host/--port: cannot listen on 192.0.2.1"),
     ([], {"RECYCLE_API_TOKEN": ""}, "RECYCLE_API_TOKEN: must be at least 16 characters"),
     ([], {"RECYCLE_API_TOKEN": "short"}, "RECYCLE_API_TOKEN: must be at least 16 characters"),
+    ([], {"RECYCLE_API_TOKEN": " " * 20}, "RECYCLE_API_TOKEN: must be at least 16 characters"),
 ])
 def test_serve_refuses_bad_settings_in_one_line_with_exit_2(tmp_path, args, env, words):
     import os

@@ -24,7 +24,8 @@ from executor.service import LocalService, ServiceClient
 APP = "tests.executor.apps.skipnet:app"
 HOSTS = {0: "127.0.0.2", 1: "127.0.0.3"}
 ITERATIONS = 40
-SLOW = {"SKIPNET_FORWARD_SLEEP_S": "0.1"}  # ~0.2 s an iteration: training outlasts the restart
+SLOW = {"SKIPNET_FORWARD_SLEEP_S": "0.1"}
+ADMIN = "admin-token-for-the-worker-test"  # ~0.2 s an iteration: training outlasts the restart
 
 
 def _worker(service, job, store, w, log, extra=(), env=None):
@@ -38,9 +39,14 @@ def _worker(service, job, store, w, log, extra=(), env=None):
 @pytest.mark.slow
 def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worker_back(tmp_path):
     torch.set_num_threads(1)
-    with LocalService(tmp_path, {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2"}) as service:
-        client = ServiceClient(service.url)
+    # With authentication on, the workers hold only the job's worker token (issue 9, finding 10): it
+    # reads the job through its membership, binds each registration to its process, and the
+    # restarted worker is let in once the killed one is declared failed.
+    env = {"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2", "RECYCLE_API_TOKEN": ADMIN}
+    with LocalService(tmp_path, env) as service:
+        client = ServiceClient(service.url, ADMIN)
         job = client.create_job(uniform_job(2, 2, 2).filled())
+        worker_env = {"RECYCLE_TOKEN": client.worker_token(job)}
         client.precompute(job, 1, timeout_s=60)
         rdzv = subprocess.Popen([sys.executable, "-m", "cli.main", "rendezvous", "--host", "127.0.0.1",
                                  "--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -49,10 +55,10 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
             store = json.loads(rdzv.stdout.readline())["store"]
             for w in [(0, 0), (0, 1), (1, 0)]:
                 procs[w] = _worker(service, job, store, w, tmp_path / f"w{w[0]}{w[1]}.log",
-                                   ["--worker", f"{w[0]}:{w[1]}"])
+                                   ["--worker", f"{w[0]}:{w[1]}"], worker_env)
             # The fourth takes its place from torchrun's variables: rank 3 of 4 = pipeline 1, stage 1.
             procs[1, 1] = _worker(service, job, store, (1, 1), tmp_path / "w11.log",
-                                  env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+                                  env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", **worker_env})
             host, port = store.rsplit(":", 1)
             watch = dist.TCPStore(host, int(port), is_master=False)
             deadline = time.monotonic() + 120
@@ -65,7 +71,7 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
             # Restarted with the very same command (as an orchestrator restarts a container): no
             # --rejoin; the service knowing 1:1 already makes it rejoin.
             procs["rejoined"] = _worker(service, job, store, (1, 1), tmp_path / "w11-rejoin.log",
-                                        env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+                                        env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", **worker_env})
             for name, p in procs.items():
                 if name == (1, 1):
                     continue

@@ -1,0 +1,107 @@
+"""uvicorn's httptools protocol with limits on the request head: bytes, header lines, read time.
+
+httptools buffers a header field whole before any callback sees it and ignores uvicorn's h11 size
+limit, so a 150 MB header was read into memory. Here the raw bytes of each request head (request
+line plus headers) are counted as they arrive, before the parser sees them: over
+`max_header_bytes` or `max_headers` lines the connection gets 431 and is closed. A head not
+complete within `header_timeout_s` of its first byte (or of the connection opening) gets 408 and is
+closed, so half-open and trickling connections are not held. Bodies are limited by `BodyLimit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    max_header_bytes = 65536
+    max_headers = 100
+    header_timeout_s = 10.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = self._head_lines = 0
+        self._tail = b""
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._rejected = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        if self._in_head:
+            window = self._tail + data
+            end = window.find(b"\r\n\r\n")
+            part = data if end < 0 else data[:max(0, end + 4 - len(self._tail))]
+            self._head_bytes += len(part)
+            self._head_lines += part.count(b"\n")
+            self._tail = window[-3:]
+            if self._head_bytes > self.max_header_bytes:
+                return self._reject(431, f"request head over {self.max_header_bytes} bytes "
+                                    "(RECYCLE_MAX_HEADER_BYTES)")
+            if self._head_lines > self.max_headers + 2:  # request line and the blank line
+                return self._reject(431, f"more than {self.max_headers} header fields (RECYCLE_MAX_HEADERS)")
+        super().data_received(data)
+
+    # Parser callbacks (called from inside data_received)
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        if self._head_timer is None:
+            self._start_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # Whatever comes next on this connection is the next request's head.
+        self._in_head, self._head_bytes, self._head_lines, self._tail = True, 0, 0, b""
+
+    # Helpers
+    def _start_head_timer(self) -> None:
+        self._stop_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            if self._head_bytes == 0 and self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being answered (a long-poll); its next head is timed on arrival
+            self._reject(408, f"request head not received within {self.header_timeout_s:g} s "
+                         "(RECYCLE_HEADER_TIMEOUT_S)")
+
+    def _reject(self, status: int, detail: str) -> None:
+        self._rejected = True
+        self._stop_head_timer()
+        body = ('{"type":"about:blank","title":"' + _REASONS[status].decode() + f'","status":{status},'
+                f'"detail":"{detail}"}}').encode()
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n"
+                             % (status, _REASONS[status], len(body)) + body)
+        self.transport.close()
+
+
+def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float) -> type:
+    return type("GuardedHttpToolsProtocol", (GuardedHttpTools,), {
+        "max_header_bytes": max_header_bytes, "max_headers": max_headers,
+        "header_timeout_s": header_timeout_s})

@@ -1,0 +1,60 @@
+"""Credentials: the admin token (RECYCLE_API_TOKEN) and per-job worker tokens derived from it.
+
+A worker token is `rw1.<job id>.<HMAC-SHA256(admin token, job id)>`: minted when the job is created
+(returned once in the create answer, and to the admin on `GET /v1/jobs/{id}`), checked by
+recomputing it, so nothing secret is stored and rotating the admin token revokes every worker
+token. It allows only its own job's coordinator routes. Registration ids (`X-Recycle-Registration`)
+bind a worker's registration to the process that made it; only their SHA-256 is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+PREFIX = "rw1."
+REGISTRATION_HEADER = "X-Recycle-Registration"
+
+
+def worker_token(secret: str, job_id: str) -> str:
+    mac = hmac.new(secret.encode(), f"recycle-worker:{job_id}".encode(), hashlib.sha256).hexdigest()
+    return f"{PREFIX}{job_id}.{mac}"
+
+
+def worker_token_job(secret: str, given: str) -> str | None:
+    """The job a well-formed, genuine worker token belongs to; None for anything else."""
+    if not given.startswith(PREFIX) or given.count(".") != 2:
+        return None
+    job_id = given.split(".")[1]
+    if not job_id or len(job_id) > 64:
+        return None
+    return job_id if hmac.compare_digest(given.encode(), worker_token(secret, job_id).encode()) else None
+
+
+def new_registration() -> tuple[str, str]:
+    """A registration id for a worker process and the hash the service keeps of it."""
+    session = secrets.token_urlsafe(24)
+    return session, registration_hash(session)
+
+
+def registration_hash(session: str) -> str:
+    return hashlib.sha256(session.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling a coordinator route: the admin (or anyone, without a token configured), or a
+    worker token of `job_id`, with the registration id it sent, if any."""
+
+    admin: bool
+    job_id: str | None = None
+    registration: str | None = None
+
+    def owns(self, stored_hash: str | None) -> bool:
+        """Whether this caller made the registration whose hash is stored."""
+        if self.admin or stored_hash is None:
+            return True
+        return self.registration is not None and hmac.compare_digest(
+            registration_hash(self.registration), stored_hash)
