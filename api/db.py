@@ -113,6 +113,15 @@ idempotency_keys = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# Where a job's worker daemons meet: the c10d store's HOST:PORT, registered by `recycle rendezvous
+# --service` (schema v6) so workers need no --store flag.
+rendezvous = Table(
+    "rendezvous", metadata,
+    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("address", String(256), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 schema_table = Table("recycle_schema", MetaData(), Column("version", Integer, nullable=False))
 
 
@@ -156,9 +165,13 @@ def _v5_registration_sessions(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE registrations ADD COLUMN session_sha256 VARCHAR(64)"))
 
 
+def _v6_rendezvous(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[rendezvous])
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys),
-    (5, _v5_registration_sessions)]
+    (5, _v5_registration_sessions), (6, _v6_rendezvous)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

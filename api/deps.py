@@ -110,7 +110,8 @@ def require_token(
         return
     if worker_token_job(expected.get_secret_value(), given) is not None:
         raise Problem(403, "a worker token allows only its own job's coordinator routes (heartbeat, "
-                      "assignment, failures, rejoins, membership); this route needs RECYCLE_API_TOKEN")
+                      "assignment, failures, rejoins, membership, rendezvous); this route needs "
+                      "RECYCLE_API_TOKEN")
     raise _unauthorized()
 
 

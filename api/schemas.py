@@ -86,6 +86,13 @@ class HeartbeatIn(BaseModel):
     pid: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
+class Rendezvous(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: StrictStr = Field(max_length=256, pattern=r"^[^\s:]+(:[^\s:]+)*:[0-9]{1,5}$",
+                               description="HOST:PORT of the c10d store the job's workers meet at.")
+
+
 class WorkerReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from api.db import idempotency_keys, jobs, memberships, operations, plans, registrations, solves
+from api.db import idempotency_keys, jobs, memberships, operations, plans, registrations, rendezvous, solves
 from planner.spec import JobSpec
 
 
@@ -142,9 +142,19 @@ class Store:
                 and_(operations.c.job_id == job_id, operations.c.status == "running"))
                 .values(status="cancelled", error="the job was deleted", updated_at=time.time()))
             # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
-            for table in (registrations, memberships, plans, solves, idempotency_keys):
+            for table in (registrations, memberships, plans, solves, idempotency_keys, rendezvous):
                 conn.execute(delete(table).where(table.c.job_id == job_id))
             return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
+
+    def set_rendezvous(self, job_id: str, address: str) -> None:
+        """Where the job's workers meet (replaces the previous address: a restarted store)."""
+        with self._job_write(job_id) as conn:
+            conn.execute(delete(rendezvous).where(rendezvous.c.job_id == job_id))
+            conn.execute(insert(rendezvous).values(job_id=job_id, address=address, updated_at=time.time()))
+
+    def get_rendezvous(self, job_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(rendezvous.c.address).where(rendezvous.c.job_id == job_id)).scalar()
 
     def job_exists(self, job_id: str) -> bool:
         with self.engine.connect() as conn:

@@ -3,7 +3,8 @@ workers of a job meet at, hosted by a process that outlives them).
 
 A worker learns its place from `--worker P:S`, or from the launcher's environment as torchrun sets
 it (`RANK`: pipeline RANK // S, stage RANK % S); the job's layout from the service; the store from
-`--store HOST:PORT`, else `RECYCLE_STORE`, else torchrun's `MASTER_ADDR:MASTER_PORT`; its bearer token
+`--store HOST:PORT`, else `RECYCLE_STORE`, else torchrun's `MASTER_ADDR:MASTER_PORT`, else the
+address `recycle rendezvous --service` registered with the service; its bearer token
 from `RECYCLE_TOKEN` (never the command line, where `ps` shows it). It then runs the same daemon as
 `recycle train`'s local workers: membership over HTTP, live recovery, rejoin (`--rejoin`).
 """
@@ -33,15 +34,15 @@ def parse_endpoint(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def store_address(flag: str | None, env: dict[str, str]) -> tuple[str, int]:
+def store_address(flag: str | None, env: dict[str, str]) -> tuple[str, int] | None:
+    """From the flag or the environment; None: ask the service (`recycle rendezvous --service`)."""
     if flag:
         return parse_endpoint(flag, "--store")
     if env.get("RECYCLE_STORE"):
         return parse_endpoint(env["RECYCLE_STORE"], "RECYCLE_STORE")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return parse_endpoint(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", "MASTER_ADDR:MASTER_PORT")
-    raise WorkerInputError("--store: no rendezvous store given (--store HOST:PORT, RECYCLE_STORE, or "
-                           "torchrun's MASTER_ADDR/MASTER_PORT); start one with `recycle rendezvous`")
+    return None
 
 
 def place(flag: str | None, env: dict[str, str], pipelines: int, stages: int) -> tuple[int, int]:
@@ -78,11 +79,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if args.iterations < 1:
             raise WorkerInputError(f"--iterations: must be >= 1, got {args.iterations}")
         check_checkpoint_options(args)
-        store_host, store_port = store_address(args.store, env)
+        given_store = store_address(args.store, env)
         job_id = read_job_id(args.job)
         client = ServiceClient(args.service, token)
         # The membership route answers the admin token and the job's worker token alike.
         state = client.membership(job_id)
+        store_host, store_port = given_store or _service_store(client, job_id, 2 * args.operation_timeout)
         job = state["spec"]
         D, S, M = job["pipelines"], job["stages"], job["microbatches"]
         worker = place(args.worker, env, D, S)
@@ -134,13 +136,45 @@ def cmd_rendezvous(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"recycle rendezvous: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    print(json.dumps({"store": f"{args.host}:{store.port}"}), flush=True)
+    address = f"{args.advertise or _reachable(args.host)}:{store.port}"
+    if args.service or args.job:
+        from cli.submit import read_job_id
+        from executor.service import ServiceClient, ServiceError
+
+        if not (args.service and args.job):
+            print("recycle rendezvous: error: --service and --job go together", file=sys.stderr)
+            return EXIT_INPUT
+        try:  # workers started without --store read it from the service
+            client = ServiceClient(args.service, os.environ.get("RECYCLE_TOKEN") or None)
+            client.set_rendezvous(read_job_id(args.job), address)
+            client.close()
+        except (ServiceError, WorkerInputError) as exc:
+            print(f"recycle rendezvous: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    print(json.dumps({"store": address}), flush=True)
     stop: dict[str, Any] = {"now": False}
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.update(now=True))
     while not stop["now"]:
         time.sleep(0.2)
     return EXIT_OK
+
+
+def _service_store(client, job_id: str, wait_s: float) -> tuple[str, int]:
+    from executor.service import ServiceError
+
+    try:
+        return parse_endpoint(client.rendezvous(job_id, wait_s), "the service's rendezvous address")
+    except ServiceError as exc:
+        raise WorkerInputError(f"--store: none given (--store, RECYCLE_STORE, MASTER_ADDR/MASTER_PORT) "
+                               f"and {exc}") from None
+
+
+def _reachable(host: str) -> str:
+    """The address other nodes use for a store listening on `host` (a wildcard: this host's name)."""
+    import socket
+
+    return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
 
 
 def checkpoint_options(p: argparse.ArgumentParser) -> None:
@@ -180,8 +214,9 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
                    "holding it (as `recycle submit --job-file` writes)")
     w.add_argument("--app", required=True, metavar="MODULE:ATTR", help="the training app (contracts.md)")
     w.add_argument("--worker", metavar="P:S", help="pipeline:stage (default: from RANK as torchrun sets it)")
-    w.add_argument("--store", metavar="HOST:PORT", help="the rendezvous store (default: RECYCLE_STORE or "
-                   "MASTER_ADDR:MASTER_PORT)")
+    w.add_argument("--store", metavar="HOST:PORT", help="the rendezvous store (default: RECYCLE_STORE, "
+                   "else MASTER_ADDR:MASTER_PORT, else the address `recycle rendezvous --service` "
+                   "registered with the service for this job)")
     w.add_argument("--host", metavar="ADDR", help="this node's address for the worker's connections "
                    "(default: the host name's)")
     w.add_argument("--iterations", "-N", type=int, default=8, help="training iterations (default 8)")
@@ -197,9 +232,15 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
     r = subparsers.add_parser(
         "rendezvous", help="Host the c10d store that a job's `recycle worker` processes meet at.",
         description="Hosts a torch.distributed TCPStore until SIGTERM; prints its address as JSON. It "
-        "must outlive the workers. Example: recycle rendezvous --host 0.0.0.0 --port 29400",
+        "must outlive the workers. With --service and --job it registers its address with the service, "
+        "so workers need no --store (token from RECYCLE_TOKEN). Example: recycle rendezvous --port 29400 "
+        "--service http://10.0.0.1:8000 --job JOB --advertise 10.0.0.1",
     )
     one_line_errors(r, "rendezvous")
     r.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     r.add_argument("--port", type=int, default=29400, help="port (default 29400; 0 picks a free one)")
+    r.add_argument("--advertise", metavar="HOST", help="the address workers reach the store at (default: "
+                   "--host, or this host's name when --host is a wildcard)")
+    r.add_argument("--service", metavar="URL", help="register the store's address with this plan service")
+    r.add_argument("--job", metavar="JOB_ID", help="... for this job (its id, or @FILE holding it)")
     r.set_defaults(run=cmd_rendezvous)

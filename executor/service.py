@@ -128,5 +128,22 @@ class ServiceClient:
     def membership(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}/membership", (200,)).json()
 
+    def set_rendezvous(self, job_id: str, address: str) -> None:
+        self._request("PUT", f"/v1/jobs/{job_id}/rendezvous", (200,), json={"address": address})
+
+    def rendezvous(self, job_id: str, wait_s: float) -> str:
+        """The job's store address as the service has it; waits (bounded) for `recycle rendezvous
+        --service` to register one, since workers and the store may start in any order."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            resp = self._request("GET", f"/v1/jobs/{job_id}/rendezvous", (200, 404))
+            if resp.status_code == 200:
+                return resp.json()["address"]
+            if time.monotonic() > deadline:
+                raise ServiceError(f"job {job_id}: no rendezvous store registered at {self.url} within "
+                                   f"{wait_s:g} s (start `recycle rendezvous --service URL --job JOB`, "
+                                   "or give --store)")
+            time.sleep(0.5)
+
     def close(self) -> None:
         self.http.close()

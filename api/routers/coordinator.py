@@ -8,8 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Query, Response
 
 from api.deps import CallerDep, JobDep, ServicesDep
-from api.problems import ProblemDocument
-from api.schemas import Assignment, HeartbeatIn, MembershipDetail, MembershipState, WorkerReport
+from api.problems import Problem, ProblemDocument
+from api.schemas import Assignment, HeartbeatIn, MembershipDetail, MembershipState, Rendezvous, WorkerReport
+from api.solver import in_thread
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["coordinator"],
                    responses={401: {"model": ProblemDocument}, 403: {"model": ProblemDocument},
@@ -58,3 +59,23 @@ async def assignment(
     if body is None:
         return Response(status_code=204)
     return Response(body, media_type="application/json")
+
+
+@router.put("/rendezvous", response_model=Rendezvous)
+async def set_rendezvous(body: Rendezvous, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
+    """Register where the job's workers meet (`recycle rendezvous --service`); a worker started
+    without `--store` reads it here. A restarted store registers its new address."""
+    port = int(body.address.rpartition(":")[2])
+    if not 0 < port < 65536:
+        raise Problem(422, f"address: port {port} is outside 1-65535", field="address")
+    await in_thread(services.store.set_rendezvous, job.id, body.address)
+    return {"address": body.address}
+
+
+@router.get("/rendezvous", response_model=Rendezvous)
+async def get_rendezvous(caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
+    address = await in_thread(services.store.get_rendezvous, job.id)
+    if address is None:
+        raise Problem(404, f"job {job.id} has no rendezvous store registered yet (start one with "
+                      "`recycle rendezvous --service URL --job JOB`)", field="rendezvous")
+    return {"address": address}

@@ -29,8 +29,10 @@ ADMIN = "admin-token-for-the-worker-test"  # ~0.2 s an iteration: training outla
 
 
 def _worker(service, job, store, w, log, extra=(), env=None):
+    """`store` None: the worker reads the store's address from the service."""
+    where = ["--store", store] if store else []
     cmd = [sys.executable, "-m", "cli.main", "worker", "--service", service.url, "--job", job, "--app", APP,
-           "--store", store, "--host", HOSTS[w[0]], "--iterations", str(ITERATIONS),
+           *where, "--host", HOSTS[w[0]], "--iterations", str(ITERATIONS),
            "--operation-timeout", "20", "--report", str(log.with_suffix(".pt")), *extra]
     return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, **SLOW, **(env or {})})
@@ -48,16 +50,21 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
         job = client.create_job(uniform_job(2, 2, 2).filled())
         worker_env = {"RECYCLE_TOKEN": client.worker_token(job)}
         client.precompute(job, 1, timeout_s=60)
+        # The store registers its address with the service (worker token): pipeline 1's workers get
+        # it from there, pipeline 0's from --store.
         rdzv = subprocess.Popen([sys.executable, "-m", "cli.main", "rendezvous", "--host", "127.0.0.1",
-                                 "--port", "0"], stdout=subprocess.PIPE, text=True)
+                                 "--port", "0", "--service", service.url, "--job", job],
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, **worker_env})
         procs = {}
         try:
             store = json.loads(rdzv.stdout.readline())["store"]
             for w in [(0, 0), (0, 1), (1, 0)]:
-                procs[w] = _worker(service, job, store, w, tmp_path / f"w{w[0]}{w[1]}.log",
+                given = store if w[0] == 0 else None
+                procs[w] = _worker(service, job, given, w, tmp_path / f"w{w[0]}{w[1]}.log",
                                    ["--worker", f"{w[0]}:{w[1]}"], worker_env)
             # The fourth takes its place from torchrun's variables: rank 3 of 4 = pipeline 1, stage 1.
-            procs[1, 1] = _worker(service, job, store, (1, 1), tmp_path / "w11.log",
+            assert client.rendezvous(job, 0) == store
+            procs[1, 1] = _worker(service, job, None, (1, 1), tmp_path / "w11.log",
                                   env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", **worker_env})
             host, port = store.rsplit(":", 1)
             watch = dist.TCPStore(host, int(port), is_master=False)
@@ -70,7 +77,7 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
             procs[1, 1].wait(10)
             # Restarted with the very same command (as an orchestrator restarts a container): no
             # --rejoin; the service knowing 1:1 already makes it rejoin.
-            procs["rejoined"] = _worker(service, job, store, (1, 1), tmp_path / "w11-rejoin.log",
+            procs["rejoined"] = _worker(service, job, None, (1, 1), tmp_path / "w11-rejoin.log",
                                         env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", **worker_env})
             for name, p in procs.items():
                 if name == (1, 1):
@@ -119,3 +126,16 @@ def test_bad_worker_flags_are_one_line_exit_2(tmp_path, args, env, message):
 
 def rejoined_generations(tmp_path):
     return torch.load(tmp_path / "w00.pt", weights_only=False)["generations"]
+
+
+def test_no_store_anywhere_is_one_line_exit_2_after_a_bounded_wait(tmp_path):
+    with LocalService(tmp_path) as service:
+        job = ServiceClient(service.url).create_job(uniform_job(2, 2, 2).filled())
+        clean = {k: v for k, v in os.environ.items()
+                 if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RECYCLE_STORE")}
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "worker", "--service", service.url,
+                               "--job", job, "--app", APP, "--worker", "0:0", "--operation-timeout", "1"],
+                              capture_output=True, text=True, timeout=120, env=clean)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--store: none given" in lines[0] and "recycle rendezvous" in lines[0], lines
