@@ -84,10 +84,14 @@ def improve(
     seed: int,
     *,
     symmetry_breaking: bool = True,
+    deterministic_time: float | None = None,
 ) -> CpResult:
     """Search for a plan better than `hint_ops` within `time_limit_s` (model building included).
 
     `symmetry_breaking=False` exists for tests that check the symmetry rules lose no optimum.
+    `deterministic_time`: a reproducible run instead (one search worker, CP-SAT's
+    `max_deterministic_time`, the wall limit only a safety cap): the same result on any machine
+    and load, unless the cap is hit (then `parameters["wall_cap_hit"]` is True).
     """
     started = time.perf_counter()
     deadline = started + time_limit_s
@@ -111,11 +115,15 @@ def improve(
 
     left = deadline - time.perf_counter() - EXTRACT_RESERVE_S - EXTRACT_RESERVE_PER_OP_S * n_ops
     left *= 1 - SOLVER_OVERSHOOT
-    if left < MIN_SOLVE_S:
+    if deterministic_time is None and left < MIN_SOLVE_S:
         return _not_run(f"{label}; no time left to solve", started)
     solver = cp_model.CpSolver()
-    params = {"num_workers": NUM_WORKERS, "random_seed": seed, "max_time_in_seconds": round(left, 3),
-              "log_search_progress": False}
+    if deterministic_time is None:
+        params = {"num_workers": NUM_WORKERS, "random_seed": seed, "max_time_in_seconds": round(left, 3),
+                  "log_search_progress": False}
+    else:
+        params = {"num_workers": 1, "random_seed": seed, "max_deterministic_time": deterministic_time,
+                  "max_time_in_seconds": time_limit_s, "log_search_progress": False}
     for name, value in params.items():
         setattr(solver.parameters, name, value)
     status = solver.Solve(model.cp)
@@ -125,6 +133,9 @@ def improve(
         scale=scale.scale, deterministic_time=solver.ResponseProto().deterministic_time,
         parameters={**params, "time_units_per_ms": scale.scale, "exact_times": scale.exact},
     )
+    if deterministic_time is not None:
+        result.workers = 1
+        result.parameters["wall_cap_hit"] = solver.WallTime() >= time_limit_s * 0.99
     if full and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         result.bound_ms = max(bound_ms, global_bound_ms(solver.BestObjectiveBound(), scale.scale, job.stages))
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):

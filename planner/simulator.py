@@ -209,6 +209,10 @@ class ReplayReport:
     busy_ms: dict[Worker, float]
     idle_ms: dict[Worker, float]
     iteration_end_ms: list[float]
+    cycle: int = 0
+    """Iterations per repetition of the settled steady state (1: every iteration alike, 2: lengths
+    alternate, ...); 0 when the replay did not settle (then `converged` is False and
+    `iteration_ms` is only an estimate: the mean over the second half of the replayed iterations)."""
 
 
 def replay(
@@ -259,7 +263,7 @@ def replay(
     for op in g.ops:
         busy[op.worker] += op.end_ms - op.start_ms
     idle = {w: max(0.0, period - b) for w, b in busy.items()}
-    return ReplayReport(period, len(ends), converged or jitter > 0, dict(busy), idle, ends)
+    return ReplayReport(period, len(ends), converged or jitter > 0, dict(busy), idle, ends, cycle)
 
 
 MAX_CYCLE = 4
