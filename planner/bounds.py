@@ -1,18 +1,23 @@
-"""Proven lower bounds on the steady-state period for a failure set (derivations in docs/design.md).
+"""Proven lower bounds on the steady-state period for a failure set (derivations here and in
+docs/notes/bounds.md).
 
 Notation: stage s has `alive_s` workers, so its busiest worker runs at least
 `n_s = ceil(D*M / alive_s)` micro-batches; `hop_s` is the smallest delay of a hop between stages s and
-s+1 (same or cross pipeline); `k_s = floor(memory_limit / act_s)` is how many micro-batches a worker of
-stage s can hold at once. A worker's period is its busy time plus its idle time within one iteration,
-because it starts iteration i+1 only after its own optimizer step of iteration i.
+s+1 (same or cross pipeline); `a_s` = activation_mb, `aw_s` = activation_w_mb (held from B end to W
+end), L = memory_limit_mb; `k_s = floor(L / a_s)` is how many micro-batches a worker of stage s can
+hold between F start and B end at once. A worker's period is its busy time plus its idle time within
+one iteration, because it starts iteration i+1 only after its own optimizer step of iteration i.
 
 1. Work + fill + drain (per stage s). Until the first B of the iteration reaches a worker, it can run
    only forwards (W needs a B first), at most `k_s` of them, yet that first B cannot start before
    `F_s + chain_s` after its first F, where `chain_s = sum_{t>s}(F_t + B_t) + sum_{t>=s} 2*hop_t`:
    fill idle >= F_s + chain_s - min(k_s, n_s)*F_s. After the worker's last F ends, that micro-batch's
-   B is again `chain_s` away, and meanwhile the worker can only run B/W of the at most k_s - 1 other
-   micro-batches it holds: drain idle >= chain_s - (min(k_s, n_s) - 1)*(B_s + W_s). When n_s > k_s the
-   two windows are disjoint (the (k+1)-th F needs memory that only a W frees, and a W needs a B), so
+   B is again `chain_s` away, and meanwhile the worker can only run what it holds when that F
+   starts: x micro-batches between F and B end (B + W each) and y between B end and W end (W
+   each), with a*(1 + x) + aw*y <= L and x + y <= n - 1 (`drain_work`); drain idle >= chain_s -
+   drain_work (with aw = a this is the (min(k, n) - 1)*(B + W) of 1F1B). When n_s > k_s the two
+   windows are disjoint (the (k+1)-th F needs memory that only a B or W end frees, and both follow
+   a B), so
    P >= n_s*(F+B+W)_s + AR_s + OPT_s + fill + drain; otherwise the larger of the two idles counts.
    (More micro-batches never lower this expression, so the busiest worker gives the bound.) For the
    Zero Bubble 6.2B profile at p=8, m=24 this is exactly ZB-H1's (p-1)(F+B-W) bubble plus hops.
@@ -22,14 +27,50 @@ because it starts iteration i+1 only after its own optimizer step of iteration i
    OPT_a. The busiest stage-b worker must run its n_b forwards and n_b input-gradients after the
    first forward reaches it; the last of those gradients then travels back to stage a and its
    W_a follows: P >= fwd_chain(a..b) + n_b*(F_b + B_b) + bwd_chain(b..a) + W_a + AR_a + OPT_a,
-   where the chains are the F (resp. B) times of the stages strictly between plus the hops.
+   where the chains are the F (resp. B) times of the stages strictly between plus the hops. When
+   the stage-b worker starts its last B every other micro-batch is past its B, so it holds a_b for
+   that one plus aw_b for each whose W is pending: at most y = floor((L - a_b) / aw_b) pending,
+   and at least n_b - 1 - y W's already ran before (added to the stage-b term).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.spec import JobSpec, Worker
+from planner.spec import JobSpec, StageCosts, Worker
+
+_EPS = 1e-9
+MEMORY_TOLERANCE_MB = 1e-6
+"""The validator accepts a worker holding up to memory_limit_mb + 1e-6 (planner/validate.py EPS); the
+bounds count memory against that larger limit, so no plan the validator accepts holds more
+micro-batches than a bound assumes."""
+
+
+def holds(costs: StageCosts, s: int, cap: int) -> int:
+    """Most stage-s micro-batches one worker may hold between F start and B end (at most cap)."""
+    act = costs.activation[s]
+    return cap if act <= 0 else min(cap, int((costs.memory_limit_mb + MEMORY_TOLERANCE_MB) / act + _EPS))
+
+
+def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
+    """Most stage-s micro-batches a worker can hold between B end and W end (each `activation_w`)
+    while it also holds `held_full` between F start and B end (each `activation`); at most cap."""
+    room = costs.memory_limit_mb + MEMORY_TOLERANCE_MB - held_full * costs.activation[s]
+    if room < -_EPS:
+        return -1
+    aw = costs.activation_w[s]
+    return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
+
+
+def drain_work(costs: StageCosts, s: int, n: int, k: int) -> float:
+    """Most B/W work a stage-s worker can have left when its last F starts (see the docstring)."""
+    b, w = costs.backward_input[s], costs.backward_weight[s]
+    best = 0.0
+    for x in range(min(k, n)):  # x other micro-batches between F and B end (plus the last: x + 1 <= k)
+        y = pending_w_cap(costs, s, x + 1, n - 1 - x)
+        if y >= 0:
+            best = max(best, x * (b + w) + y * w)
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +92,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
     # two stages' entries keeps the bound valid under every reading.
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
-    capacity = [costs.fits(s, busiest[s]) for s in range(S)]
+    capacity = [holds(costs, s, busiest[s]) for s in range(S)]
 
     for s in range(S):
         n = busiest[s]
@@ -59,7 +100,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
-        drain_idle = max(0.0, chain - (held - 1) * (b[s] + w[s]))
+        drain_idle = max(0.0, chain - drain_work(costs, s, n, k))
         # The windows before the first B and after the last F are disjoint when n > k (the
         # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
         idle = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
@@ -74,10 +115,11 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         for end_stage in range(a + 1, S):
             there += f[end_stage - 1] + hop[end_stage - 1]
             back += b[end_stage - 1] + hop[end_stage - 1]
-            n, k = busiest[end_stage], capacity[end_stage]
-            # When its last B starts, the busiest stage-b worker holds at most k micro-batches, so
-            # at least n - k of its W's are already done.
-            work = n * (f[end_stage] + b[end_stage]) + max(0, n - k) * w[end_stage]
+            n = busiest[end_stage]
+            # When its last B starts, the busiest stage-b worker holds that micro-batch in full and
+            # at most `pending` others past their B, so at least n - 1 - pending W's are done.
+            pending = pending_w_cap(costs, end_stage, 1, n - 1)
+            work = n * (f[end_stage] + b[end_stage]) + max(0, n - 1 - pending) * w[end_stage]
             value = there + work + back + tail
             if value > best.value_ms:
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")

@@ -96,7 +96,7 @@ def improve(
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS or not failed  # without failures the routing is fixed anyway
+    full = n_ops <= FULL_MAX_OPS  # complete routing (model.full_routes): the bound is global
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)
@@ -108,7 +108,7 @@ def improve(
     inst = Instance(job, tuple(failed), scale, full_routes(job, failed) if full else _routes_of(warm.ops))
     try:
         model = build(inst, scale.up(hint_period_ms), scale.up(bound_ms),
-                      sort_pipelines=full and symmetry_breaking, symmetry_breaking=symmetry_breaking)
+                      sort_pipelines=False, symmetry_breaking=symmetry_breaking)
     except ModelTooLarge as exc:
         return _not_run(f"restricted (not built: {exc})", started)
     add_hint(model, warm)
@@ -136,7 +136,8 @@ def improve(
     if deterministic_time is not None:
         result.workers = 1
         result.parameters["wall_cap_hit"] = solver.WallTime() >= time_limit_s * 0.99
-    if full and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+    result.parameters["memory_exact"] = inst.memory_exact
+    if full and inst.memory_exact and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         result.bound_ms = max(bound_ms, global_bound_ms(solver.BestObjectiveBound(), scale.scale, job.stages))
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         result.objective_ms = scale.ms(solver.ObjectiveValue())
@@ -164,7 +165,7 @@ def global_bound_ms(model_bound: float, scale: int, stages: int) -> float:
 def _warm_start(job, failed, hint_ops, hint_period_ms, full: bool) -> Retimed:
     """The hint relabelled into the symmetry-broken form, timed at its steady state."""
     if full:
-        hint = relabel(job, failed, hint_ops, sort_pipelines=True, same_class=lambda p, m: p)
+        hint = relabel(job, failed, hint_ops, sort_pipelines=False, same_class=lambda p, m: p)
     else:
         routes = _routes_of(hint_ops)
         stages = range(job.stages)

@@ -163,3 +163,12 @@ def test_a_plan_whose_replay_did_not_settle_is_never_called_optimal(one_worker_j
         assert result.stats.replay_settled is False and result.stats.replay_cycle == 0
         assert result.stats.status.value == "heuristic"
         assert result.timeline_json()["solver"]["replay_settled"] is False
+
+
+def test_replay_uses_the_job_durations_not_the_written_ones(one_worker_job):
+    """The validator accepts written durations within its tolerance; the replay times every op by
+    the job spec (rule 2), so shaving each op by that tolerance does not shorten the period: one
+    worker, 3 x (1 + 2 + 3) + 4 + 5 = 27 ms by hand."""
+    shaved = [Op(op.worker, op.kind, op.microbatch, op.start_ms, op.end_ms - 5e-7) for op in one_worker_ops()]
+    assert validate(one_worker_job, [], shaved) == []
+    assert replay(one_worker_job, shaved).iteration_ms == 27.0
