@@ -2,7 +2,8 @@
 
 Candidates, in the order tried: the fault-free plan with re-routed work inserted on the peers,
 Zero-Bubble-style sweeps of the balanced re-routing, dissolving the damaged pipelines, the dropped
-job's own plan (relabelled), the list-scheduling grid, and the best list schedule re-swept. Each is
+job's own plan (relabelled), mixes (part of each damaged pipeline dissolved), the list-scheduling
+grid, and the best list schedule re-swept. Each is
 measured by the simulator's replay; a replay that does not settle is recorded in `SearchInfo`.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
-from planner.routing import Routing, balanced_routing, dissolving_routing
+from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
 from planner.simulator import ReplayError, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
@@ -119,6 +120,13 @@ def best_heuristic(
             dropped_ops = replicate(dropped, fault_free_plan(dropped).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
+        # Mixes: part of each damaged pipeline dissolved, the rest kept on its alive workers.
+        M = job.microbatches
+        for keep in sorted({M // 4, M // 2, (3 * M) // 4} - {0, M}):
+            mixed = mixed_routing(job, failed, keep)
+            for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
+                if consider(sweep_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
+                    return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
         if (tried >= 4 or best is not None) and time.perf_counter() - started > budget_s:
