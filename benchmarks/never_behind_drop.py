@@ -77,7 +77,8 @@ def main() -> int:
                          "adapted_ms": result.iteration_ms, "drop_ms": drop_period(job, failed, cache),
                          "valid": not validate(job, failed, result.ops), "wall_s": wall,
                          "policy": result.stats.heuristic_policy})
-    print("| job | pattern | cases | slower than drop | min drop/adapted | geomean drop/adapted | all valid |")
+    print("| job | pattern | cases | slower than drop | min drop/adapted | geomean drop/adapted "
+          "| all valid |")
     print("|---|---|---|---|---|---|---|")
     for key in sorted({(r["job"], r["pattern"]) for r in rows}):
         group = [r for r in rows if (r["job"], r["pattern"]) == key]
