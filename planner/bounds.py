@@ -30,7 +30,12 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    where the chains are the F (resp. B) times of the stages strictly between plus the hops. When
    the stage-b worker starts its last B every other micro-batch is past its B, so it holds a_b for
    that one plus aw_b for each whose W is pending: at most y = floor((L - a_b) / aw_b) pending,
-   and at least n_b - 1 - y W's already ran before (added to the stage-b term).
+   and at least n_b - 1 - y W's already ran before (added to the stage-b term), and the stage-b
+   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end).
+3. Memory-time (per stage s). Each micro-batch holds a_s from F start to B end for >= F + chain + B,
+   at most min(k, n) at once, then aw_s until W end for >= W: first op -> last B end >= n (F + chain
+   + B) / min(k, n), and first op -> last W end >= n (a (F + chain + B) + aw W) / L. This also
+   bounds the round trip's stretch.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
     best = Bound(0.0, "")
     capacity = [holds(costs, s, busiest[s]) for s in range(S)]
 
+    idle, stretch = [0.0] * S, [0.0] * S
     for s in range(S):
         n = busiest[s]
         k = capacity[s]
@@ -103,11 +109,23 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         drain_idle = max(0.0, chain - drain_work(costs, s, n, k))
         # The windows before the first B and after the last F are disjoint when n > k (the
         # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
-        idle = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
-        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle
+        idle[s] = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle[s]
         if value > best.value_ms:
             best = Bound(value, f"work+fill+drain at stage {s}: {n} micro-batches on its busiest "
-                                f"worker, {idle:.3f} ms forced idle")
+                                f"worker, {idle[s]:.3f} ms forced idle")
+        # 3. Memory-time: first F start -> last B end holds n windows of >= F + chain + B each, at
+        # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
+        # for >= W per micro-batch, at most L MB at once.
+        pending = pending_w_cap(costs, s, 1, n - 1)
+        work = n * (f[s] + b[s]) + max(0, n - 1 - pending) * w[s]
+        stretch[s] = max(work + idle[s], n * (f[s] + chain + b[s]) / max(held, 1))
+        limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
+        mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
+        tail = costs.allreduce[s] + costs.optimizer[s]
+        value = max(stretch[s] + w[s], mb_time / limit if limit > 0 else 0.0) + tail
+        if value > best.value_ms:
+            best = Bound(value, f"memory-time at stage {s}: {n} micro-batches, {held} held at once")
 
     for a in range(S):
         tail = w[a] + costs.allreduce[a] + costs.optimizer[a]
@@ -115,12 +133,9 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         for end_stage in range(a + 1, S):
             there += f[end_stage - 1] + hop[end_stage - 1]
             back += b[end_stage - 1] + hop[end_stage - 1]
-            n = busiest[end_stage]
-            # When its last B starts, the busiest stage-b worker holds that micro-batch in full and
-            # at most `pending` others past their B, so at least n - 1 - pending W's are done.
-            pending = pending_w_cap(costs, end_stage, 1, n - 1)
-            work = n * (f[end_stage] + b[end_stage]) + max(0, n - 1 - pending) * w[end_stage]
-            value = there + work + back + tail
+            # stretch: the busiest stage-b worker's first op -> last B end (work, forced idle and
+            # memory-time as in 1 and 3; see docs/notes/bounds.md).
+            value = there + stretch[end_stage] + back + tail
             if value > best.value_ms:
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
     return best
