@@ -2,9 +2,9 @@
 
 Candidates, in the order tried: the fault-free plan with re-routed work inserted on the peers,
 Zero-Bubble-style sweeps of the balanced re-routing, dissolving the damaged pipelines, the dropped
-job's own plan (relabelled), mixes (part of each damaged pipeline dissolved), the list-scheduling
-grid, and the best list schedule re-swept. Each is
-measured by the simulator's replay; a replay that does not settle is recorded in `SearchInfo`.
+job's own plan (relabelled), the list-scheduling grid, the best list schedule re-swept, and mixes
+(part of each damaged pipeline dissolved) while the budget lasts. Each is measured by the
+simulator's replay; a replay that does not settle is recorded in `SearchInfo`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedu
 from planner.timeline import Op
 
 HEURISTIC_GRID_MAX_OPS = 60_000
+MIXES_ALWAYS_MAX_OPS = 3_000
+"""Up to this many F/B/W ops every mix is tried whatever the budget (deterministic on small jobs)."""
 """Above this many F/B/W ops only the default policy runs (the 3 s bar at 32 x 16 x 64)."""
 SWEEP_POLICIES = [
     SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
@@ -120,16 +122,9 @@ def best_heuristic(
             dropped_ops = replicate(dropped, fault_free_plan(dropped).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
-        # Mixes: part of each damaged pipeline dissolved, the rest kept on its alive workers.
-        M = job.microbatches
-        for keep in sorted({M // 4, M // 2, (3 * M) // 4} - {0, M}):
-            mixed = mixed_routing(job, failed, keep)
-            for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
-                if consider(sweep_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
-                    return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
-        if (tried >= 4 or best is not None) and time.perf_counter() - started > budget_s:
+        if tried >= 4 and time.perf_counter() - started > budget_s:
             break
         ops = list_schedule(job, routing(policy.routing_rotation), policy)
         done = consider(ops, policy.name)
@@ -144,7 +139,18 @@ def best_heuristic(
             sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)
             name = f"{policy.name}+resweep(overrun={overrun:g})"
             if consider(sweep_schedule(job, routing(policy.routing_rotation), sweep, orders), name):
-                break
+                return best
+    if dissolved is not None:
+        # Mixes: part of each damaged pipeline dissolved, the rest kept on its alive workers (tried
+        # last and within the budget: the guarantee against dropping rests on the candidates above).
+        M = job.microbatches
+        for keep in sorted({M // 4, M // 2, (3 * M) // 4} - {0, M}):
+            mixed = mixed_routing(job, failed, keep)
+            for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
+                if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
+                    break
+                if consider(sweep_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
+                    return best
     assert best is not None
     return best
 
