@@ -31,6 +31,12 @@ from planner.validate import PlanInvalid, validate
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTIC_SHARE = 0.3
 """Share of a solve's time limit the heuristic grid may use before CP-SAT takes over."""
+HEURISTIC_SHARE_WITHOUT_FULL_CP = 0.7
+"""The share when CP-SAT cannot build the full model (more than `FULL_CP_MAX_OPS` F/B/W ops, or CP
+off): the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
+(docs/notes/bench-cpsat.md), while the full list grid there needs ~4.7 s and finds up to 2% more."""
+FULL_CP_MAX_OPS = 3_000
+"""planner.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
 
 @dataclass
 class PlanResult:
@@ -78,6 +84,12 @@ class PlanResult:
         }
 
 
+def heuristic_budget_s(job: JobSpec, time_limit_s: float, use_cp: bool) -> float:
+    """Wall budget of the heuristic grid within a solve's limit (the rest is CP-SAT's)."""
+    full_cp = use_cp and job.op_count <= FULL_CP_MAX_OPS
+    return max(1.0, (HEURISTIC_SHARE if full_cp else HEURISTIC_SHARE_WITHOUT_FULL_CP) * time_limit_s)
+
+
 def _solve_canonical(
     job: JobSpec,
     failed: tuple[Worker, ...],
@@ -90,8 +102,8 @@ def _solve_canonical(
     bound = lower_bound(job, failed)
     info = SearchInfo()
     ops, period, policy_name = best_heuristic(
-        job, failed, bound.value_ms, budget_s=max(1.0, HEURISTIC_SHARE * time_limit_s), template=template,
-        info=info,
+        job, failed, bound.value_ms, budget_s=heuristic_budget_s(job, time_limit_s, use_cp),
+        template=template, info=info,
     )
     reached = info.settled and period <= bound.value_ms + 1e-6
     stats = SolverStats(

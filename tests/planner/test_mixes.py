@@ -86,3 +86,16 @@ def test_a_spent_budget_still_runs_the_first_list_policies():
     ops, period, _ = best_heuristic(job, failed, budget_s=0.0)
     assert validate(job, list(failed), ops) == []
     assert period <= direct
+
+
+def test_heuristic_budget_is_larger_where_cp_sat_cannot_build_the_full_model():
+    from planner import cpsat
+    from planner.solve import FULL_CP_MAX_OPS, heuristic_budget_s
+
+    assert FULL_CP_MAX_OPS == cpsat.FULL_MAX_OPS
+    small = JobSpec.parse({**UNIT, "pipelines": 4, "stages": 4, "microbatches": 8})  # 384 ops
+    large = JobSpec.parse({**UNIT, "pipelines": 8, "stages": 8, "microbatches": 24})  # 4,608 ops
+    assert heuristic_budget_s(small, 10.0, use_cp=True) == 3.0
+    assert heuristic_budget_s(large, 10.0, use_cp=True) == 7.0
+    assert heuristic_budget_s(small, 10.0, use_cp=False) == 7.0
+    assert heuristic_budget_s(small, 1.0, use_cp=True) == 1.0
