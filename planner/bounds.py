@@ -1,18 +1,23 @@
-"""Proven lower bounds on the steady-state period for a failure set (derivations in docs/design.md).
+"""Proven lower bounds on the steady-state period for a failure set (derivations here and in
+docs/notes/bounds.md).
 
 Notation: stage s has `alive_s` workers, so its busiest worker runs at least
 `n_s = ceil(D*M / alive_s)` micro-batches; `hop_s` is the smallest delay of a hop between stages s and
-s+1 (same or cross pipeline); `k_s = floor(memory_limit / act_s)` is how many micro-batches a worker of
-stage s can hold at once. A worker's period is its busy time plus its idle time within one iteration,
-because it starts iteration i+1 only after its own optimizer step of iteration i.
+s+1 (same or cross pipeline); `a_s` = activation_mb, `aw_s` = activation_w_mb (held from B end to W
+end), L = memory_limit_mb; `k_s = floor(L / a_s)` is how many micro-batches a worker of stage s can
+hold between F start and B end at once. A worker's period is its busy time plus its idle time within
+one iteration, because it starts iteration i+1 only after its own optimizer step of iteration i.
 
 1. Work + fill + drain (per stage s). Until the first B of the iteration reaches a worker, it can run
    only forwards (W needs a B first), at most `k_s` of them, yet that first B cannot start before
    `F_s + chain_s` after its first F, where `chain_s = sum_{t>s}(F_t + B_t) + sum_{t>=s} 2*hop_t`:
    fill idle >= F_s + chain_s - min(k_s, n_s)*F_s. After the worker's last F ends, that micro-batch's
-   B is again `chain_s` away, and meanwhile the worker can only run B/W of the at most k_s - 1 other
-   micro-batches it holds: drain idle >= chain_s - (min(k_s, n_s) - 1)*(B_s + W_s). When n_s > k_s the
-   two windows are disjoint (the (k+1)-th F needs memory that only a W frees, and a W needs a B), so
+   B is again `chain_s` away, and meanwhile the worker can only run what it holds when that F
+   starts: x micro-batches between F and B end (B + W each) and y between B end and W end (W
+   each), with a*(1 + x) + aw*y <= L and x + y <= n - 1 (`drain_work`); drain idle >= chain_s -
+   drain_work (with aw = a this is the (min(k, n) - 1)*(B + W) of 1F1B). When n_s > k_s the two
+   windows are disjoint (the (k+1)-th F needs memory that only a B or W end frees, and both follow
+   a B), so
    P >= n_s*(F+B+W)_s + AR_s + OPT_s + fill + drain; otherwise the larger of the two idles counts.
    (More micro-batches never lower this expression, so the busiest worker gives the bound.) For the
    Zero Bubble 6.2B profile at p=8, m=24 this is exactly ZB-H1's (p-1)(F+B-W) bubble plus hops.
@@ -22,14 +27,55 @@ because it starts iteration i+1 only after its own optimizer step of iteration i
    OPT_a. The busiest stage-b worker must run its n_b forwards and n_b input-gradients after the
    first forward reaches it; the last of those gradients then travels back to stage a and its
    W_a follows: P >= fwd_chain(a..b) + n_b*(F_b + B_b) + bwd_chain(b..a) + W_a + AR_a + OPT_a,
-   where the chains are the F (resp. B) times of the stages strictly between plus the hops.
+   where the chains are the F (resp. B) times of the stages strictly between plus the hops. When
+   the stage-b worker starts its last B every other micro-batch is past its B, so it holds a_b for
+   that one plus aw_b for each whose W is pending: at most y = floor((L - a_b) / aw_b) pending,
+   and at least n_b - 1 - y W's already ran before (added to the stage-b term), and the stage-b
+   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end).
+3. Memory-time (per stage s). Each micro-batch holds a_s from F start to B end for >= F + chain + B,
+   at most min(k, n) at once, then aw_s until W end for >= W: first op -> last B end >= n (F + chain
+   + B) / min(k, n), and first op -> last W end >= n (a (F + chain + B) + aw W) / L. This also
+   bounds the round trip's stretch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.spec import JobSpec, Worker
+from planner.spec import JobSpec, StageCosts, Worker
+
+_EPS = 1e-9
+MEMORY_TOLERANCE_MB = 1e-6
+"""The validator accepts a worker holding up to memory_limit_mb + 1e-6 (planner/validate.py EPS); the
+bounds count memory against that larger limit, so no plan the validator accepts holds more
+micro-batches than a bound assumes."""
+
+
+def holds(costs: StageCosts, s: int, cap: int) -> int:
+    """Most stage-s micro-batches one worker may hold between F start and B end (at most cap)."""
+    act = costs.activation[s]
+    return cap if act <= 0 else min(cap, int((costs.memory_limit_mb + MEMORY_TOLERANCE_MB) / act + _EPS))
+
+
+def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
+    """Most stage-s micro-batches a worker can hold between B end and W end (each `activation_w`)
+    while it also holds `held_full` between F start and B end (each `activation`); at most cap."""
+    room = costs.memory_limit_mb + MEMORY_TOLERANCE_MB - held_full * costs.activation[s]
+    if room < -_EPS:
+        return -1
+    aw = costs.activation_w[s]
+    return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
+
+
+def drain_work(costs: StageCosts, s: int, n: int, k: int) -> float:
+    """Most B/W work a stage-s worker can have left when its last F starts (see the docstring)."""
+    b, w = costs.backward_input[s], costs.backward_weight[s]
+    best = 0.0
+    for x in range(min(k, n)):  # x other micro-batches between F and B end (plus the last: x + 1 <= k)
+        y = pending_w_cap(costs, s, x + 1, n - 1 - x)
+        if y >= 0:
+            best = max(best, x * (b + w) + y * w)
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +97,35 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
     # two stages' entries keeps the bound valid under every reading.
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
-    capacity = [costs.fits(s, busiest[s]) for s in range(S)]
+    capacity = [holds(costs, s, busiest[s]) for s in range(S)]
 
+    idle, stretch = [0.0] * S, [0.0] * S
     for s in range(S):
         n = busiest[s]
         k = capacity[s]
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
-        drain_idle = max(0.0, chain - (held - 1) * (b[s] + w[s]))
+        drain_idle = max(0.0, chain - drain_work(costs, s, n, k))
         # The windows before the first B and after the last F are disjoint when n > k (the
         # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
-        idle = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
-        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle
+        idle[s] = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+        value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle[s]
         if value > best.value_ms:
             best = Bound(value, f"work+fill+drain at stage {s}: {n} micro-batches on its busiest "
-                                f"worker, {idle:.3f} ms forced idle")
+                                f"worker, {idle[s]:.3f} ms forced idle")
+        # 3. Memory-time: first F start -> last B end holds n windows of >= F + chain + B each, at
+        # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
+        # for >= W per micro-batch, at most L MB at once.
+        pending = pending_w_cap(costs, s, 1, n - 1)
+        work = n * (f[s] + b[s]) + max(0, n - 1 - pending) * w[s]
+        stretch[s] = max(work + idle[s], n * (f[s] + chain + b[s]) / max(held, 1))
+        limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
+        mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
+        tail = costs.allreduce[s] + costs.optimizer[s]
+        value = max(stretch[s] + w[s], mb_time / limit if limit > 0 else 0.0) + tail
+        if value > best.value_ms:
+            best = Bound(value, f"memory-time at stage {s}: {n} micro-batches, {held} held at once")
 
     for a in range(S):
         tail = w[a] + costs.allreduce[a] + costs.optimizer[a]
@@ -74,11 +133,9 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         for end_stage in range(a + 1, S):
             there += f[end_stage - 1] + hop[end_stage - 1]
             back += b[end_stage - 1] + hop[end_stage - 1]
-            n, k = busiest[end_stage], capacity[end_stage]
-            # When its last B starts, the busiest stage-b worker holds at most k micro-batches, so
-            # at least n - k of its W's are already done.
-            work = n * (f[end_stage] + b[end_stage]) + max(0, n - k) * w[end_stage]
-            value = there + work + back + tail
+            # stretch: the busiest stage-b worker's first op -> last B end (work, forced idle and
+            # memory-time as in 1 and 3; see docs/notes/bounds.md).
+            value = there + stretch[end_stage] + back + tail
             if value > best.value_ms:
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
     return best

@@ -84,15 +84,19 @@ def improve(
     seed: int,
     *,
     symmetry_breaking: bool = True,
+    deterministic_time: float | None = None,
 ) -> CpResult:
     """Search for a plan better than `hint_ops` within `time_limit_s` (model building included).
 
     `symmetry_breaking=False` exists for tests that check the symmetry rules lose no optimum.
+    `deterministic_time`: a reproducible run instead (one search worker, CP-SAT's
+    `max_deterministic_time`, the wall limit only a safety cap): the same result on any machine
+    and load, unless the cap is hit (then `parameters["wall_cap_hit"]` is True).
     """
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS or not failed  # without failures the routing is fixed anyway
+    full = n_ops <= FULL_MAX_OPS  # complete routing (model.full_routes): the bound is global
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)
@@ -104,18 +108,22 @@ def improve(
     inst = Instance(job, tuple(failed), scale, full_routes(job, failed) if full else _routes_of(warm.ops))
     try:
         model = build(inst, scale.up(hint_period_ms), scale.up(bound_ms),
-                      sort_pipelines=full and symmetry_breaking, symmetry_breaking=symmetry_breaking)
+                      sort_pipelines=False, symmetry_breaking=symmetry_breaking)
     except ModelTooLarge as exc:
         return _not_run(f"restricted (not built: {exc})", started)
     add_hint(model, warm)
 
     left = deadline - time.perf_counter() - EXTRACT_RESERVE_S - EXTRACT_RESERVE_PER_OP_S * n_ops
     left *= 1 - SOLVER_OVERSHOOT
-    if left < MIN_SOLVE_S:
+    if deterministic_time is None and left < MIN_SOLVE_S:
         return _not_run(f"{label}; no time left to solve", started)
     solver = cp_model.CpSolver()
-    params = {"num_workers": NUM_WORKERS, "random_seed": seed, "max_time_in_seconds": round(left, 3),
-              "log_search_progress": False}
+    if deterministic_time is None:
+        params = {"num_workers": NUM_WORKERS, "random_seed": seed, "max_time_in_seconds": round(left, 3),
+                  "log_search_progress": False}
+    else:
+        params = {"num_workers": 1, "random_seed": seed, "max_deterministic_time": deterministic_time,
+                  "max_time_in_seconds": time_limit_s, "log_search_progress": False}
     for name, value in params.items():
         setattr(solver.parameters, name, value)
     status = solver.Solve(model.cp)
@@ -125,7 +133,11 @@ def improve(
         scale=scale.scale, deterministic_time=solver.ResponseProto().deterministic_time,
         parameters={**params, "time_units_per_ms": scale.scale, "exact_times": scale.exact},
     )
-    if full and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+    if deterministic_time is not None:
+        result.workers = 1
+        result.parameters["wall_cap_hit"] = solver.WallTime() >= time_limit_s * 0.99
+    result.parameters["memory_exact"] = inst.memory_exact
+    if full and inst.memory_exact and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         result.bound_ms = max(bound_ms, global_bound_ms(solver.BestObjectiveBound(), scale.scale, job.stages))
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         result.objective_ms = scale.ms(solver.ObjectiveValue())
@@ -153,7 +165,7 @@ def global_bound_ms(model_bound: float, scale: int, stages: int) -> float:
 def _warm_start(job, failed, hint_ops, hint_period_ms, full: bool) -> Retimed:
     """The hint relabelled into the symmetry-broken form, timed at its steady state."""
     if full:
-        hint = relabel(job, failed, hint_ops, sort_pipelines=True, same_class=lambda p, m: p)
+        hint = relabel(job, failed, hint_ops, sort_pipelines=False, same_class=lambda p, m: p)
     else:
         routes = _routes_of(hint_ops)
         stages = range(job.stages)

@@ -61,6 +61,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     dead = set(routing.failed)
     alive = [(p, s) for p in range(D) for s in range(S) if (p, s) not in dead]
     fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
+    act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
     hop_same = [costs.hop_ms(s, False) for s in range(S - 1)]
     hop_cross = [costs.hop_ms(s, True) for s in range(S - 1)]
     limit = costs.memory_limit_mb + 1e-9
@@ -162,6 +163,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 known[wi].add(mb)
         elif kind == "B":
             end = t + bwd[s]
+            mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1
             wq.append(mb)
             if s > 0:
@@ -174,7 +176,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 seq += 1
         else:
             end = t + wgt[s]
-            mem[wi] -= act[s]
+            mem[wi] -= act_w[s]
         ops.append(Op((q, s), kind, (home, m), t, end))
         free_at[wi] = end
         push(events, (end, seq, wi))

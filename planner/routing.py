@@ -94,3 +94,32 @@ def dissolving_routing(job: JobSpec, failed: tuple[Worker, ...]) -> Routing | No
                 cursor += 1
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
+
+
+def mixed_routing(job: JobSpec, failed: tuple[Worker, ...], keep: int) -> Routing | None:
+    """Between re-routing and dissolving: each damaged pipeline keeps `keep` of its M micro-batches
+    (spread over the indices) on its alive workers and sends those to the undamaged pipelines only
+    at its failed stages; its other micro-batches are dissolved (every stage, undamaged pipelines).
+    `keep = 0` is `dissolving_routing`; the undamaged pipelines share every moved micro-batch of a
+    stage, balanced, dealt in index order. None when every pipeline is damaged."""
+    dead = set(failed)
+    damaged = sorted({p for p, _ in failed})
+    healthy = [p for p in range(job.pipelines) if p not in damaged]
+    if not damaged or not healthy:
+        return None
+    M = job.microbatches
+    kept = {m for m in range(M) if (m * keep) // M != ((m + 1) * keep) // M}  # `keep` of them, spread
+    moved: dict[tuple[int, int, int], int] = {}
+    for s in range(job.stages):
+        tasks = [(home, m) for m in range(M) for home in damaged if (home, s) in dead or m not in kept]
+        base, extra = divmod(len(tasks), len(healthy))
+        quota = {p: base + (1 if i < extra else 0) for i, p in enumerate(healthy)}
+        cursor = 0
+        for home, m in tasks:
+            while quota[healthy[cursor % len(healthy)]] <= 0:
+                cursor += 1
+            q = healthy[cursor % len(healthy)]
+            quota[q] -= 1
+            cursor += 1
+            moved[(home, m, s)] = q
+    return Routing(job, tuple(sorted(failed)), moved)

@@ -132,6 +132,7 @@ def sweep_schedule(
     costs = job.costs
     D, S, M = job.pipelines, job.stages, job.microbatches
     fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
+    act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
     limit = costs.memory_limit_mb + 1e-9
     dead = set(routing.failed)
     orders = orders if orders is not None else _worker_orders(job, routing, policy)
@@ -169,7 +170,7 @@ def sweep_schedule(
         s = wi % S
         start = free[wi]
         free[wi] = start + wgt[s]
-        mem[wi] -= act[s]
+        mem[wi] -= act_w[s]
         ops.append(Op((wi // S, s), "W", divmod(mb, M), start, free[wi]))
 
     ready = deque(orders)
@@ -201,6 +202,7 @@ def sweep_schedule(
             if kind == "F":
                 mem[wi] += act[s]
             else:
+                mem[wi] -= act[s] - act_w[s]
                 pending_w[wi].append(mb)
             end_at[(kind, mb, s)] = free[wi]
             ops.append(Op((wi // S, s), kind, divmod(mb, M), start, free[wi]))

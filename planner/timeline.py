@@ -134,6 +134,14 @@ class SolverStats:
     cp_branches: int = 0
     cp_conflicts: int = 0
     heuristic_policy: str = ""
+    replay_settled: bool = True
+    """False when the plan's replay did not reach a repeating steady state within its iterations:
+    `objective_ms` is then an estimate (mean of the later iterations), never called optimal."""
+    replay_cycle: int = 1
+    """Iterations per repetition of the settled steady state (2: two lengths alternate, and the
+    period is their mean); 0 when not settled."""
+    fault_free_method: str = ""
+    """How the shared fault-free plan was made (planner/fault_free.py: deterministic, no clock)."""
 
     @property
     def gap(self) -> float:
@@ -156,4 +164,7 @@ class SolverStats:
             "cp_seed": self.cp_seed,
             "cp_branches": self.cp_branches,
             "cp_conflicts": self.cp_conflicts,
+            "replay_settled": self.replay_settled,
+            "replay_cycle": self.replay_cycle,
+            "fault_free_method": self.fault_free_method,
         }

@@ -41,7 +41,12 @@ class Instance:
     duration: dict[str, list[int]] = field(init=False)
     hop: dict[bool, list[int]] = field(init=False)
     memory_cap: list[int | None] = field(init=False)
-    """Micro-batches a worker of each stage may hold at once; None when memory cannot bind."""
+    """Capacity of a stage-s worker in memory units; None when memory cannot bind."""
+    memory_demand: list[tuple[int, int]] = field(init=False)
+    """(units held from F start to B end, units held from B end to W end) per stage."""
+    memory_exact: bool = field(init=False)
+    """Whether the units represent rule 6 exactly (else demands are rounded up, capacity down: the
+    model is then stricter than the contract and its bound is not a bound of the real problem)."""
 
     def __post_init__(self) -> None:
         costs, down = self.job.costs, self.scale.down
@@ -53,17 +58,27 @@ class Instance:
         for (_, _, s), cands in self.routes.items():
             for q in cands:
                 most[(q, s)] += 1
-        self.memory_cap = []
+        self.memory_cap, self.memory_demand, self.memory_exact = [], [], True
         for s in range(S):
-            act = costs.activation[s]
-            cap = None
-            if act > 0:
+            act, act_w = costs.activation[s], costs.activation_w[s]
+            most_here = max((n for (_, st), n in most.items() if st == s), default=0)
+            if act <= 0 or most_here * act <= costs.memory_limit_mb:
+                self.memory_cap.append(None)  # even every candidate at once fits
+                self.memory_demand.append((0, 0))
+                continue
+            if act_w == act:
+                # One count: every micro-batch holds `act` from F start to W end. The largest
+                # count whose float sum the validator accepts (it sums act `cap` times).
                 cap = math.floor(costs.memory_limit_mb / act + 1e-9)
-                while cap * act > costs.memory_limit_mb + 1e-7:  # the validator sums act cap times
+                while cap * act > costs.memory_limit_mb + 1e-7:
                     cap -= 1
-                if cap >= max((n for (_, st), n in most.items() if st == s), default=0):
-                    cap = None
-            self.memory_cap.append(cap)
+                self.memory_cap.append(cap)
+                self.memory_demand.append((1, 1))
+                continue
+            unit, exact = _memory_unit(act, act_w, costs.memory_limit_mb)
+            self.memory_exact &= exact
+            self.memory_cap.append(math.floor(costs.memory_limit_mb / unit + 1e-9))
+            self.memory_demand.append((math.ceil(act / unit - 1e-9), math.ceil(act_w / unit - 1e-9)))
 
     @property
     def alive_workers(self) -> list[Worker]:
@@ -83,10 +98,26 @@ class Instance:
         return total
 
 
+def _memory_unit(act: float, act_w: float, limit: float) -> tuple[float, bool]:
+    """A unit in which activation, activation_w and the limit are all whole numbers (exact), else
+    act / 1000 with demands to be rounded up and the capacity down (not exact)."""
+    for denominator in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 1000):
+        unit = 1.0 / denominator
+        if all(abs(x / unit - round(x / unit)) < 1e-9 * max(1.0, x / unit) for x in (act, act_w, limit)):
+            return unit, True
+    return act / 1000, False
+
+
 def full_routes(job: JobSpec, failed: Sequence[Worker]) -> dict[TaskKey, tuple[int, ...]]:
+    """Complete routing (rule 1): every micro-batch may run on any alive worker of each stage.
+
+    Only a model with these candidates proves a bound for every valid plan: keeping a micro-batch
+    on its alive home worker is not without loss (dissolving a damaged pipeline moves micro-batches
+    of alive workers, and a cross-pipeline hop may be cheaper than a same-pipeline one).
+    """
     dead = set(failed)
     peers = [tuple(q for q in range(job.pipelines) if (q, s) not in dead) for s in range(job.stages)]
-    return {(p, m, s): (p,) if (p, s) not in dead else peers[s]
+    return {(p, m, s): peers[s]
             for p in range(job.pipelines) for m in range(job.microbatches) for s in range(job.stages)}
 
 
@@ -109,6 +140,10 @@ class Model:
     intervals: dict[Worker, list[cp_model.IntervalVar]] = field(default_factory=lambda: defaultdict(list))
     memory: dict[Worker, list[cp_model.IntervalVar]] = field(default_factory=lambda: defaultdict(list))
     memory_size: dict[TaskKey, cp_model.IntVar] = field(default_factory=dict)
+    """Per task: F start -> W end (one count), or F start -> B end when activation_w differs."""
+    memory_w_size: dict[TaskKey, cp_model.IntVar] = field(default_factory=dict)
+    """Per task when activation_w differs from activation: B end -> W end."""
+    memory_demand: dict[Worker, list[int]] = field(default_factory=lambda: defaultdict(list))
     allreduce: dict[int, cp_model.IntVar] = field(default_factory=dict)
     period: cp_model.IntVar | None = None
 
@@ -223,26 +258,39 @@ def add_no_overlap(model: Model) -> None:
 
 
 def add_memory(model: Model) -> None:
-    """Rule 6: per worker, at most `memory_cap` micro-batches between their F start and W end.
+    """Rule 6 as one cumulative per worker.
 
-    All ops of a worker belong to one stage, so every micro-batch holds the same activation there:
-    the MB capacity becomes an exact integer count (no MB scaling needed).
+    All ops of a worker belong to one stage, so every micro-batch holds the same amounts there.
+    With activation_w == activation a micro-batch holds one unit from F start to W end and the
+    capacity is an exact count. Otherwise it holds `act` units from F start to B end and `act_w`
+    units from B end to W end (two intervals), in a unit that makes both and the limit integral.
     """
     cp, inst = model.cp, model.inst
     for key, task in model.tasks.items():
         s = key[2]
         if inst.memory_cap[s] is None:
             continue
-        size = cp.NewIntVar(inst.work(s), model.horizon, f"mem{key}")
+        full, part = inst.memory_demand[s]
+        split = (full, part) != (1, 1)
+        first_end = model.end(task, "B") if split else model.end(task, "W")
+        low = inst.duration["F"][s] + inst.duration["B"][s] if split else inst.work(s)
+        size = cp.NewIntVar(low, model.horizon, f"mem{key}")
         model.memory_size[key] = size
+        pieces = [(task.start["F"], size, first_end, full, "")]
+        if split and part > 0:
+            size_w = cp.NewIntVar(inst.duration["W"][s], model.horizon, f"memw{key}")
+            model.memory_w_size[key] = size_w
+            pieces.append((model.end(task, "B"), size_w, model.end(task, "W"), part, "w"))
         for q, lit in task.choice.items():
-            end = model.end(task, "W")
-            model.memory[(q, s)].append(
-                cp.NewIntervalVar(task.start["F"], size, end, f"m{key}_{q}") if lit is None
-                else cp.NewOptionalIntervalVar(task.start["F"], size, end, lit, f"m{key}_{q}")
-            )
+            for start, length, end, demand, tag in pieces:
+                name = f"m{tag}{key}_{q}"
+                model.memory[(q, s)].append(
+                    cp.NewIntervalVar(start, length, end, name) if lit is None
+                    else cp.NewOptionalIntervalVar(start, length, end, lit, name)
+                )
+                model.memory_demand[(q, s)].append(demand)
     for w, intervals in model.memory.items():
-        cp.AddCumulative(intervals, [1] * len(intervals), inst.memory_cap[w[1]])
+        cp.AddCumulative(intervals, model.memory_demand[w], inst.memory_cap[w[1]])
 
 
 def add_period_objective(model: Model) -> None:
@@ -327,6 +375,7 @@ def add_hint(model: Model, hint: Retimed) -> None:
     allreduce_at: dict[int, int] = {}
     executor: dict[TaskKey, int] = {}
     f_start: dict[TaskKey, int] = {}
+    b_end: dict[TaskKey, int] = {}
     for op in hint.ops:
         if op.microbatch is None:
             if op.kind == "ALLREDUCE":
@@ -338,6 +387,11 @@ def add_hint(model: Model, hint: Retimed) -> None:
         executor[key] = op.worker[0]
         if op.kind == "F":
             f_start[key] = units(op.start_ms)
+        elif op.kind == "B" and key in model.memory_w_size:
+            b_end[key] = units(op.end_ms)
+        elif op.kind == "W" and key in model.memory_w_size:
+            cp.AddHint(model.memory_size[key], b_end[key] - f_start[key])
+            cp.AddHint(model.memory_w_size[key], units(op.end_ms) - b_end[key])
         elif op.kind == "W" and key in model.memory_size:
             cp.AddHint(model.memory_size[key], units(op.end_ms) - f_start[key])
     for s, start in allreduce_at.items():

@@ -1,18 +1,24 @@
 """Shared fixtures for the planner tests: small jobs and heuristic plans of them.
 
 Plans come from the real planner with `use_cp=False` (fast and deterministic); CP-SAT has its own
-tests in test_cpsat.py.
+tests in test_cpsat.py. The fault-free plan's deterministic CP-SAT step (planner/fault_free.py) is
+off here for speed (hundreds of random jobs); test_fault_free.py turns it on where it is the subject.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+import planner.fault_free
 from planner.spec import JobSpec
+
+os.environ[planner.fault_free.CP_ENV] = "0"  # subprocesses started by tests inherit it
+planner.fault_free.CP_DETERMINISTIC_S = 0.0
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO.parent / "shared" / "scenarios").glob("*.json"))

@@ -49,6 +49,9 @@ def jobs(draw) -> JobSpec:
     if draw(st.booleans()):
         spec["cross_pipeline_p2p_ms"] = per_stage(draw, S, small)
     acts = spec["activation_mb"] if isinstance(spec["activation_mb"], list) else [spec["activation_mb"]]
+    if draw(st.booleans()):  # rule 6's partial release at B end: activation_w_mb <= activation_mb
+        share = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+        spec["activation_w_mb"] = [a * share for a in acts] if len(acts) == S else acts[0] * share
     if draw(st.booleans()):  # from exactly one micro-batch up to well above the default
         spec["memory_limit_mb"] = max(acts) * draw(st.floats(1.0, S + 3.0))
     return JobSpec.parse(spec)

@@ -126,3 +126,49 @@ def test_alternating_steady_state_reports_the_mean_period():
     # A steady length-1 state is cycle 1; workers advancing unequally have not settled.
     assert settled_cycle([np.array([5.0, 5.0])] * 3) == 1
     assert settled_cycle([np.array([5.0, 6.0])] * 9) == 0
+
+
+def test_a_replay_that_has_not_settled_says_so(two_stage_job):
+    # Hand-worked: from all workers at 0, iteration 1 ends stage 0 at 19 and stage 1 at 16.5
+    # (16.5 = 1.5 + 15: F0 + hop, then its own 15 ms); in iteration 2 stage 1 waits for F0 again,
+    # so both advance 19. Two iterations show unequal advances (19 vs 16.5): not settled, cycle 0.
+    early = replay(two_stage_job, two_stage_ops(), iterations=2)
+    assert (early.converged, early.cycle) == (False, 0)
+    assert early.iteration_end_ms == pytest.approx([19.0, 38.0])
+    # The third iteration advances both by 19 again: settled with cycle 1, period 19.
+    settled = replay(two_stage_job, two_stage_ops(), iterations=3)
+    assert (settled.converged, settled.cycle, settled.iteration_ms) == (True, 1, pytest.approx(19.0))
+
+
+def test_a_plan_whose_replay_did_not_settle_is_never_called_optimal(one_worker_job, make_job, monkeypatch):
+    import planner.candidates
+    from planner.fault_free import clear_memory_cache
+    from planner.simulator import replay as real_replay
+
+    # One worker: the heuristic's plan reaches the bound (27 ms, hand-worked above) and is optimal;
+    assert plan(one_worker_job, use_cp=False).stats.status.value == "optimal"
+    # so is two one-stage pipelines with one failed: the survivor runs 6 x 6 + 4 + 5 = 45 ms = bound.
+    two = make_job(pipelines=2, stages=1, microbatches=3, **{k: v for k, v in UNIT.items() if "p2p" not in k})
+    survivor = plan(two, [(1, 0)], use_cp=False)
+    assert (survivor.iteration_ms, survivor.stats.status.value) == (pytest.approx(45.0), "optimal")
+    # with the replay cut to 2 iterations (one advance from the start, one after) it cannot be
+    # shown to have settled, so the plan must say so and not claim optimality.
+    monkeypatch.setattr(planner.candidates, "replay", lambda job, ops: real_replay(job, ops, iterations=2))
+    clear_memory_cache()
+    try:
+        results = [plan(one_worker_job, use_cp=False), plan(two, [(1, 0)], use_cp=False)]
+    finally:
+        clear_memory_cache()
+    for result in results:
+        assert result.stats.replay_settled is False and result.stats.replay_cycle == 0
+        assert result.stats.status.value == "heuristic"
+        assert result.timeline_json()["solver"]["replay_settled"] is False
+
+
+def test_replay_uses_the_job_durations_not_the_written_ones(one_worker_job):
+    """The validator accepts written durations within its tolerance; the replay times every op by
+    the job spec (rule 2), so shaving each op by that tolerance does not shorten the period: one
+    worker, 3 x (1 + 2 + 3) + 4 + 5 = 27 ms by hand."""
+    shaved = [Op(op.worker, op.kind, op.microbatch, op.start_ms, op.end_ms - 5e-7) for op in one_worker_ops()]
+    assert validate(one_worker_job, [], shaved) == []
+    assert replay(one_worker_job, shaved).iteration_ms == 27.0

@@ -1,0 +1,160 @@
+"""The fault-free plan of a job: computed once, deterministically, and shared.
+
+Every failure class of a job reports the same `fault_free_iteration_ms`, in every process, so the
+fault-free plan must not depend on the caller's time limit, on whether CP-SAT is enabled for the
+failure plans, or on the machine's load. It is made on one pipeline (all D pipelines of a
+fault-free job are identical, and the stage all-reduces of identical pipelines start together, so D
+copies of one pipeline's plan have that pipeline's period) by:
+1. the constructive search (`best_heuristic`) over its whole policy grid with no wall-time budget
+   (no randomness, no clock);
+2. when that misses the analytic bound and the pipeline has at most `cpsat.FULL_MAX_OPS` ops,
+   CP-SAT warm-started from it with a fixed *deterministic* budget: one search worker, seed 0,
+   `max_deterministic_time = CP_DETERMINISTIC_S` (a wall cap of `CP_WALL_CAP_S` only as a safety
+   net; a plan made when it was hit is not cached on disk). Same answer on any machine and load.
+`CP_DETERMINISTIC_S` comes from `RECYCLE_FAULT_FREE_CP_S` (default 2.0; 0 disables step 2) and
+is part of `method`, which every plan records.
+
+Cache: in-process by the job's canonical hash (the spec with defaults filled, pipelines set to 1,
+keys sorted); optionally on disk as `<dir>/<hash>.json` when `RECYCLE_FAULT_FREE_CACHE` names a
+directory (read first, written atomically after a solve). The file carries `method` so a cache
+written by a different method is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.spec import JobSpec
+from planner.timeline import Op
+
+CACHE_ENV = "RECYCLE_FAULT_FREE_CACHE"
+CP_ENV = "RECYCLE_FAULT_FREE_CP_S"
+CP_DETERMINISTIC_S = float(os.environ.get(CP_ENV, "2.0"))
+CP_WALL_CAP_S = 60.0
+CP_SEED = 0
+
+
+def method() -> str:
+    """Recorded with each fault-free plan; part of the disk cache's validity check. The suffix is
+    bumped whenever the search itself changes (v3: the schedulers release activation_mb -
+    activation_w_mb at B end, so a v2 plan of a job with activation_w_mb < activation_mb differs)."""
+    cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g})"
+          if CP_DETERMINISTIC_S > 0 else "no-cp")
+    return f"heuristic(full-grid,no-time-budget)+{cp}/v3"
+
+
+@dataclass(frozen=True)
+class FaultFreePlan:
+    """One pipeline's fault-free plan (pipeline index 0) and its replayed period."""
+
+    key: str
+    ops: tuple[Op, ...]
+    iteration_ms: float
+    policy: str
+    method: str
+    settled: bool = True
+    cacheable: bool = True
+
+
+_memory: dict[tuple[str, str], FaultFreePlan] = {}
+_lock = threading.Lock()
+
+
+def single_pipeline(job: JobSpec) -> JobSpec:
+    """The job with one pipeline and every default made explicit (so equal jobs hash equally)."""
+    return JobSpec.model_validate({**job.filled(), "pipelines": 1})
+
+
+def canonical_hash(job: JobSpec) -> str:
+    """sha256 of the single-pipeline job's canonical JSON (defaults filled, keys sorted)."""
+    text = json.dumps(single_pipeline(job).filled(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None) -> FaultFreePlan:
+    """The job's fault-free plan (one pipeline), from the cache or solved once."""
+    key = canonical_hash(job)
+    with _lock:
+        hit = _memory.get((key, method()))
+    if hit is not None:
+        return hit
+    folder = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
+    found = _read(Path(folder) / f"{key}.json", key) if folder else None
+    if found is None:
+        found = _solve(job, key)
+        if folder and found.cacheable:
+            _write(Path(folder), found)
+    with _lock:
+        return _memory.setdefault((key, method()), found)
+
+
+def _solve(job: JobSpec, key: str) -> FaultFreePlan:
+    from planner.bounds import lower_bound
+    from planner.candidates import SearchInfo, best_heuristic
+
+    single = single_pipeline(job)
+    info = SearchInfo()
+    bound = lower_bound(single, ()).value_ms
+    ops, period, policy = best_heuristic(single, (), bound, budget_s=float("inf"), info=info)
+    cacheable = True
+    if CP_DETERMINISTIC_S > 0 and period > bound + 1e-6:
+        from planner import cpsat
+        from planner.simulator import replay
+
+        if single.op_count <= cpsat.FULL_MAX_OPS:
+            result = cpsat.improve(single, (), ops, period, bound, CP_WALL_CAP_S, CP_SEED,
+                                   deterministic_time=CP_DETERMINISTIC_S)
+            cacheable = not result.parameters.get("wall_cap_hit", False)
+            if result.ops is not None:
+                report = replay(single, result.ops)
+                if report.converged and report.iteration_ms < period - 1e-6:
+                    ops, period, policy = result.ops, report.iteration_ms, f"cp-sat({result.cp_status})"
+                    info.settled = True
+    return FaultFreePlan(key, tuple(ops), period, policy, method(), info.settled, cacheable)
+
+
+def _read(path: Path, key: str) -> FaultFreePlan | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("key") != key or data.get("method") != method():
+        return None
+    ops = tuple(Op((0, o[0]), o[1], None if o[2] is None else (0, o[2]), o[3], o[4]) for o in data["ops"])
+    return FaultFreePlan(key, ops, data["iteration_ms"], data["policy"], data["method"], data["settled"])
+
+
+def _write(folder: Path, plan: FaultFreePlan) -> None:
+    data = {"key": plan.key, "method": plan.method, "iteration_ms": plan.iteration_ms,
+            "policy": plan.policy, "settled": plan.settled,
+            "ops": [[o.worker[1], o.kind, None if o.microbatch is None else o.microbatch[1],
+                     o.start_ms, o.end_ms] for o in plan.ops]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+            json.dump(data, f)
+        os.replace(f.name, folder / f"{plan.key}.json")
+    except OSError:
+        pass  # the disk cache is optional: a read-only or full disk only costs a re-solve
+
+
+def replicate(job: JobSpec, single_ops) -> list[Op]:
+    """One pipeline's plan copied onto each of the job's D pipelines."""
+    return [
+        Op((p, op.worker[1]), op.kind, None if op.microbatch is None else (p, op.microbatch[1]),
+           op.start_ms, op.end_ms)
+        for p in range(job.pipelines)
+        for op in single_ops
+    ]
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process fault-free plans (tests use it to force a disk read or a re-solve)."""
+    with _lock:
+        _memory.clear()
