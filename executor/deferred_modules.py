@@ -123,15 +123,15 @@ class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, mean, rstd = ctx.saved_tensors
-        grad_out, shape = grad_out.contiguous(), ctx.shape
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.native_layer_norm_backward(
-                grad_out, x, shape, mean, rstd, weight, bias, [True, False, False])[0]
+        # One kernel for all three: the weight and bias gradients are two reductions over the
+        # normalized input the kernel computes anyway, so splitting them off would redo that pass in
+        # W (measured slower); only their accumulation waits for W, holding two vectors of the
+        # normalized shape instead of the layer's input and output gradient.
+        grad_x, g_weight, g_bias = torch.ops.aten.native_layer_norm_backward(
+            grad_out.contiguous(), x, ctx.shape, mean, rstd, weight, bias,
+            [ctx.needs_input_grad[0], weight is not None, bias is not None])
 
         def work() -> None:
-            _, g_weight, g_bias = torch.ops.aten.native_layer_norm_backward(
-                grad_out, x, shape, mean, rstd, weight, bias, [False, weight is not None, bias is not None])
             if weight is not None:
                 _accumulate(weight, g_weight)
             if bias is not None:
