@@ -76,24 +76,7 @@ def dissolving_routing(job: JobSpec, failed: tuple[Worker, ...]) -> Routing | No
     the undamaged pipelines, balanced and dealt in index order: the plan of simply dropping the
     damaged pipelines with the global batch kept. Rule 1 allows it (any same-stage peer may serve
     any micro-batch); None when every pipeline is damaged."""
-    damaged = sorted({p for p, _ in failed})
-    healthy = [p for p in range(job.pipelines) if p not in damaged]
-    if not damaged or not healthy:
-        return None
-    base, extra = divmod(job.pipelines * job.microbatches, len(healthy))
-    moved: dict[tuple[int, int, int], int] = {}
-    for s in range(job.stages):
-        quota = {p: base + (1 if i < extra else 0) - job.microbatches for i, p in enumerate(healthy)}
-        cursor = 0
-        for m in range(job.microbatches):
-            for home in damaged:
-                while quota[healthy[cursor % len(healthy)]] <= 0:
-                    cursor += 1
-                q = healthy[cursor % len(healthy)]
-                quota[q] -= 1
-                cursor += 1
-                moved[(home, m, s)] = q
-    return Routing(job, tuple(sorted(failed)), moved)
+    return mixed_routing(job, failed, keep=0)  # nothing kept: the same dealing
 
 
 def mixed_routing(job: JobSpec, failed: tuple[Worker, ...], keep: int) -> Routing | None:

@@ -30,6 +30,18 @@ UNIFORM = {
 }
 
 
+def wait_for(predicate, timeout_s: float, what: str):
+    """Poll `predicate` until it returns something true (returned), failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}: {value}")
+
+
 def small_job(pipelines: int = 4, stages: int = 4, microbatches: int = 8) -> dict:
     return {**UNIFORM, "pipelines": pipelines, "stages": stages, "microbatches": microbatches}
 

@@ -8,17 +8,7 @@ import time
 
 import httpx
 import pytest
-from api_testkit import POSTGRES_URL, STORES, Server, create_job, database_for, small_job
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}: {value}")
+from api_testkit import POSTGRES_URL, STORES, Server, create_job, database_for, small_job, wait_for
 
 
 @pytest.mark.postgres

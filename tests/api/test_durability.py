@@ -3,23 +3,11 @@ the same database; jobs, plans and the operation are all there and the precomput
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from api_testkit import STORES, Server, create_job, database_for, small_job
+from api_testkit import STORES, Server, create_job, database_for, small_job, wait_for
 
 from planner.failures import enumerate_failure_classes
 from planner.spec import JobSpec
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.mark.slow
