@@ -70,8 +70,9 @@ def profile_worker(args) -> None:
     # Start together, so every figure is measured while all the case's processes compute.
     store.add("ready", 1)
     store.wait(["go"])
+    row = profile_stage(model, DataConfig(batch_size=args.batch_size), stage, args.stages, args.reps,
+                        torch.device("cpu"))
     module = StageModule(model, args.stages, stage)
-    row = profile_stage(module, model, args.batch_size, args.reps, torch.device("cpu"))
     row["allreduce"] = 0.0
     if size > 1:
         pg = dist.ProcessGroupGloo(dist.PrefixStore(f"stage{stage}", store), rank, size,

@@ -31,38 +31,18 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
-from executor.data import DataConfig, MicrobatchSource
+from executor.data import DataConfig, builtin_app
 from executor.local import train_local
-from executor.model import ModelConfig, StageModule
+from executor.model import ModelConfig, StageModule, loss
 from executor.optim import OptimConfig
 from executor.service import free_port
-from executor.split_backward import layer_norm, linear
 
 WARMUP = 2
 
 
-class Piece(nn.Module):
-    """A `StageModule` whose last stage returns logits (pipelining applies the loss itself)."""
-
-    def __init__(self, module: StageModule):
-        super().__init__()
-        self.m = module
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.m
-        if not m.last:
-            return m(x)
-        if m.first:
-            x = torch.nn.functional.embedding(x, m.tok_emb) + m.pos_emb[: x.shape[-1]]
-        for block in m.blocks:
-            x = block(x, None)
-        return linear(layer_norm(x, m.lnf_g, m.lnf_b, None), m.head_w, m.head_b, None)
-
-
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return loss(logits, targets)
 
 
 def _rank(rank: int, world: int, port: int, schedule_name: str, cfg: dict, out: dict) -> None:
@@ -80,7 +60,7 @@ def _rank(rank: int, world: int, port: int, schedule_name: str, cfg: dict, out: 
     M, B, T, W = cfg["microbatches"], cfg["batch_size"], model.seq_len, model.width
     stages, params = [], []
     for i in indices:
-        piece = Piece(StageModule(model, n_stages, i))
+        piece = StageModule(model, n_stages, i)  # the last stage returns logits
         params += list(piece.parameters())
         example = (torch.zeros(B, T, dtype=torch.long) if i == 0 else torch.zeros(B, T, W))
         stages.append(PipelineStage(piece, i, n_stages, torch.device("cpu"), input_args=example))
@@ -89,11 +69,10 @@ def _rank(rank: int, world: int, port: int, schedule_name: str, cfg: dict, out: 
     else:
         schedule = ScheduleInterleavedZeroBubble(stages, M, loss_fn=loss_fn)
     opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
-    source = MicrobatchSource(model, data)
+    app = builtin_app(model, data)
     times = []
     for it in range(cfg["iterations"]):
-        xs, ys = zip(*(source.load(it, 0, j) for j in range(M)), strict=True)
-        x, y = torch.cat(xs), torch.cat(ys)
+        x, y = (torch.cat(t) for t in zip(*(app.microbatch(it, j, M) for j in range(M)), strict=True))
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)

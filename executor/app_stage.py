@@ -27,7 +27,7 @@ from torch import Tensor
 from executor.app import TrainingApp, as_tuple, call_stage
 from executor.autograd_split import PendingWeightGrad, backward_input, backward_weight
 from executor.deferred_modules import MicrobatchWeights, WeightRecorder, swap_weight_layers, used_elsewhere
-from executor.stage import IterationBook, StageError
+from executor.iteration_book import IterationBook, StageError
 
 Microbatch = tuple[int, int]
 Signature = list[tuple[tuple[int, ...], torch.dtype]]

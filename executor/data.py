@@ -15,12 +15,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from executor.model import ConfigError, ModelConfig
+from executor.model import ConfigError, ModelConfig, StageModule, loss
+from executor.optim import OptimConfig, make_optimizer
+
+SAMPLES = 2**31 - 1
+"""Dataset length: items are generated, so the contract's item indices never wrap in practice."""
 
 
-def microbatch_seed(seed: int, iteration: int, home: int, index: int) -> int:
-    """A stable 63-bit seed for one micro-batch (the same on every machine and Python run)."""
-    digest = hashlib.blake2b(f"{seed}/{iteration}/{home}/{index}".encode(), digest_size=8).digest()
+def sample_seed(seed: int, item: int) -> int:
+    """A stable 63-bit seed for one sample (the same on every machine and Python run)."""
+    digest = hashlib.blake2b(f"{seed}/{item}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -40,8 +44,8 @@ class DataConfig:
             raise ConfigError(f"text_file: {self.text_file} is not a readable file", "text_file")
 
 
-class MicrobatchSource:
-    """Loads (inputs, targets) of any micro-batch; both [batch_size, seq_len] int64."""
+class Samples(torch.utils.data.Dataset):
+    """Item i: (tokens[seq_len], next tokens[seq_len]), int64."""
 
     def __init__(self, model: ModelConfig, data: DataConfig):
         self.model, self.data = model, data
@@ -49,21 +53,38 @@ class MicrobatchSource:
         if data.text_file is not None:
             raw = Path(data.text_file).read_bytes()
             if len(raw) < model.seq_len + 1:
-                raise ConfigError(
-                    f"text_file: {data.text_file} has {len(raw)} bytes, fewer than seq_len + 1 = "
-                    f"{model.seq_len + 1}",
-                    "text_file",
-                )
+                raise ConfigError(f"text_file: {data.text_file} has {len(raw)} bytes, fewer than seq_len + "
+                                  f"1 = {model.seq_len + 1}", "text_file")
             self._text = torch.tensor(list(raw), dtype=torch.int64) % model.vocab
 
-    def load(self, iteration: int, home: int, index: int) -> tuple[Tensor, Tensor]:
-        gen = torch.Generator().manual_seed(microbatch_seed(self.model.seed, iteration, home, index))
-        n, t, v = self.data.batch_size, self.model.seq_len, self.model.vocab
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, item: int) -> tuple[Tensor, Tensor]:
+        gen = torch.Generator().manual_seed(sample_seed(self.model.seed, item))
+        t, v = self.model.seq_len, self.model.vocab
         if self._text is not None:
-            starts = torch.randint(0, len(self._text) - t, (n,), generator=gen)
-            tokens = torch.stack([self._text[a : a + t + 1] for a in starts.tolist()])
+            start = int(torch.randint(0, len(self._text) - t, (1,), generator=gen))
+            tokens = self._text[start : start + t + 1]
         else:
-            start = torch.randint(0, v, (n, 1), generator=gen)
-            stride = torch.randint(1, min(v, 5), (n, 1), generator=gen)
+            start = torch.randint(0, v, (1,), generator=gen)
+            stride = torch.randint(1, min(v, 5), (1,), generator=gen)
             tokens = (start + stride * torch.arange(t + 1)) % v
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        return tokens[:-1].clone(), tokens[1:].clone()
+
+
+def builtin_app(model: dict | ModelConfig, data: dict | DataConfig | None = None,
+                optim: dict | OptimConfig | None = None):
+    """The toy transformer as a `TrainingApp` (what workers run when no `--app` is given)."""
+    from executor.app import TrainingApp
+
+    model = model if isinstance(model, ModelConfig) else ModelConfig(**model)
+    data = data if isinstance(data, DataConfig) else DataConfig(**(data or {}))
+    optim = optim if isinstance(optim, OptimConfig) else OptimConfig(**(optim or {}))
+
+    def optimizer(params) -> torch.optim.Optimizer:
+        return make_optimizer(params, optim)
+
+    return TrainingApp(spec="(built-in model)", build_stage=lambda s, n: StageModule(model, n, s),
+                       dataset=Samples(model, data), microbatch_size=data.batch_size, loss=loss,
+                       optimizer=optimizer)

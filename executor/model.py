@@ -5,8 +5,8 @@ and the loss; every stage holds a contiguous run of transformer blocks. A stage'
 drawn from a generator seeded by (model seed, stage), so every replica of a stage starts with the
 same parameters in any process, and the single-process reference builds exactly the same stages.
 
-Every learnable op goes through `executor.split_backward`, so the same module runs either with a
-`WeightGradStore` (B/W split) or without one (ordinary full backward).
+Written in plain torch.nn: it runs as a training app like any user's model (`builtin_app`), with
+the executor's B/W split for any module (`executor/deferred_modules.py`, `autograd_split.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import Tensor, nn
-
-from executor.split_backward import WeightGradStore, embedding, layer_norm, linear
 
 
 class ConfigError(ValueError):
@@ -83,36 +81,42 @@ def _stage_seed(seed: int, stage: int) -> int:
     return (seed * 1_000_003 + stage * 7919 + 17) % (2**63 - 1)
 
 
+def _linear(n_in: int, n_out: int, gen: torch.Generator, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    with torch.no_grad():
+        # GPT-2's initial scale: keeps the residual stream O(1) through a few blocks.
+        layer.weight.copy_(torch.randn((n_out, n_in), generator=gen) * 0.02)
+        if bias:
+            layer.bias.zero_()
+    return layer
+
+
 class Block(nn.Module):
     """Pre-LayerNorm block: causal self-attention then a 4x GELU MLP, each with a residual."""
 
     def __init__(self, width: int, heads: int, gen: torch.Generator):
         super().__init__()
         self.heads = heads
-        self.ln1_g, self.ln1_b = _ones(width), _zeros(width)
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         # No q/k/v bias: the key bias has an exactly zero gradient (softmax ignores a shift shared by
         # all keys), and AdamW would turn its rounding noise into lr-sized random steps.
-        self.qkv_w = _normal((3 * width, width), gen)
-        self.proj_w, self.proj_b = _normal((width, width), gen), _zeros(width)
-        self.ln2_g, self.ln2_b = _ones(width), _zeros(width)
-        self.fc_w, self.fc_b = _normal((4 * width, width), gen), _zeros(4 * width)
-        self.out_w, self.out_b = _normal((width, 4 * width), gen), _zeros(width)
+        self.qkv = _linear(width, 3 * width, gen, bias=False)
+        self.proj = _linear(width, width, gen)
+        self.fc = _linear(width, 4 * width, gen)
+        self.out = _linear(4 * width, width, gen)
 
-    def forward(self, x: Tensor, store: WeightGradStore | None) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
-        h = layer_norm(x, self.ln1_g, self.ln1_b, store)
-        q, k, v = linear(h, self.qkv_w, None, store).split(c, dim=-1)
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + linear(att.transpose(1, 2).reshape(b, t, c), self.proj_w, self.proj_b, store)
-        h = layer_norm(x, self.ln2_g, self.ln2_b, store)
-        h = torch.nn.functional.gelu(linear(h, self.fc_w, self.fc_b, store))
-        return x + linear(h, self.out_w, self.out_b, store)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
 
 
 class StageModule(nn.Module):
-    """One pipeline stage. Input: token ids (stage 0) or hidden states; output: hidden states,
-    or on the last stage the mean next-token cross-entropy of the micro-batch."""
+    """One pipeline stage. Input: token ids (stage 0) or hidden states; output: hidden states, or
+    on the last stage the next-token logits (`loss` turns them into the micro-batch's loss)."""
 
     def __init__(self, config: ModelConfig, stages: int, stage: int):
         super().__init__()
@@ -122,47 +126,31 @@ class StageModule(nn.Module):
         self.first, self.last = stage == 0, stage == stages - 1
         gen = torch.Generator().manual_seed(_stage_seed(config.seed, stage))
         if self.first:
-            self.tok_emb = _normal((config.vocab, config.width), gen)
-            self.pos_emb = _normal((config.seq_len, config.width), gen)
+            self.tok_emb = nn.Parameter(torch.randn((config.vocab, config.width), generator=gen) * 0.02)
+            self.pos_emb = nn.Parameter(torch.randn((config.seq_len, config.width), generator=gen) * 0.02)
         self.blocks = nn.ModuleList(
             Block(config.width, config.heads, gen) for _ in config.stage_layers(stages)[stage]
         )
         if self.last:
-            self.lnf_g, self.lnf_b = _ones(config.width), _zeros(config.width)
-            self.head_w = _normal((config.vocab, config.width), gen)
-            self.head_b = _zeros(config.vocab)
+            self.lnf = nn.LayerNorm(config.width)
+            self.head = _linear(config.width, config.vocab, gen)
 
-    def forward(
-        self, x: Tensor, targets: Tensor | None = None, store: WeightGradStore | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if self.first:
-            x = embedding(x, self.tok_emb, self.pos_emb, store)
+            x = torch.nn.functional.embedding(x, self.tok_emb) + self.pos_emb[: x.shape[1]]
         for block in self.blocks:
-            x = block(x, store)
-        if not self.last:
-            return x
-        if targets is None:
-            raise ValueError("the last stage needs the targets to compute the loss")
-        logits = linear(layer_norm(x, self.lnf_g, self.lnf_b, store), self.head_w, self.head_b, store)
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            x = block(x)
+        return self.head(self.lnf(x)) if self.last else x
 
     def flat_parameters(self) -> Tensor:
         """All parameters in one detached vector (for comparing replicas and runs)."""
         return torch.cat([p.detach().reshape(-1) for p in self.parameters()])
 
 
+def loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross-entropy of a micro-batch."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def build_stages(config: ModelConfig, stages: int) -> list[StageModule]:
     return [StageModule(config, stages, s) for s in range(stages)]
-
-
-def _normal(shape: tuple[int, ...], gen: torch.Generator) -> nn.Parameter:
-    # GPT-2's initial scale: keeps the residual stream O(1) through a few blocks.
-    return nn.Parameter(torch.randn(shape, generator=gen) * 0.02)
-
-
-def _ones(n: int) -> nn.Parameter:
-    return nn.Parameter(torch.ones(n))
-
-
-def _zeros(n: int) -> nn.Parameter:
-    return nn.Parameter(torch.zeros(n))

@@ -38,9 +38,12 @@ class OptimConfig:
         return asdict(self)
 
 
-def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def make_optimizer(params, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over `params` (a module's parameters, or the module itself)."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
     # foreach=False: one code path on every device, so replicas and the reference round identically.
     return torch.optim.AdamW(
-        module.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
         weight_decay=cfg.weight_decay, foreach=False,
     )

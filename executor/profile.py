@@ -1,8 +1,8 @@
-"""`recycle profile`: measure a model config on this machine and write the planner's job spec.
+"""`recycle profile`: measure a model on this machine and write the planner's job spec.
 
-Per stage, on this process's device: F, B and W of one micro-batch (the same split code the workers
-run), the AdamW step, and the activation memory (bytes of the tensors autograd saves in F plus the
-stage output, which is what a micro-batch holds until its W). Communication on loopback gloo,
+The built-in model is profiled as the training app it is (`executor/app_profile.py`: F, B and W
+through the workers' own runner, the optimizer step, activation memory after F and after B).
+Communication, here for every app: on loopback gloo,
 with one thread per rank in this process: one activation-sized send/recv (p2p_ms; the same
 figure serves cross_pipeline_p2p_ms on one machine) and the stage's gradient all-reduce over D
 ranks. Every figure is the median of `reps` timed repetitions after warm-up.
@@ -20,101 +20,40 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.comms import torch_device
-from executor.data import DataConfig
-from executor.model import ConfigError, ModelConfig, StageModule
-from executor.optim import OptimConfig, make_optimizer
-from executor.split_backward import WeightGradStore
+from executor.data import DataConfig, builtin_app
+from executor.model import ConfigError, ModelConfig
 from planner.spec import JobSpec
 
 WARMUP = 2
 
 
-def _median_ms(fn: Callable[[], float], reps: int) -> float:
-    """`fn` runs one repetition and returns its own measured seconds."""
-    times = [fn() for _ in range(reps + WARMUP)][WARMUP:]
-    return statistics.median(times) * 1e3
+def stage_input(app, stage: int, stages: int, pipelines: int, microbatches: int, device: torch.device):
+    """(input, target) of micro-batch 0 at `stage`: its data run through the stages before it."""
+    from executor.app import as_tuple, build_stage, call_stage
+    from executor.app_stage import to_device
+
+    x, target = app.microbatch(0, 0, pipelines * microbatches)
+    value = to_device(x, device)
+    for s in range(stage):
+        module = build_stage(app, s, stages).to(device)
+        with torch.no_grad():
+            value = module(value) if s == 0 else call_stage(module, tuple(as_tuple(value)))
+    if stage:
+        value = tuple(t.detach() for t in as_tuple(value))
+    return value, to_device(target, device) if stage == stages - 1 else None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def profile_stage(model: ModelConfig, data: DataConfig, stage: int, stages: int, reps: int,
+                  device: torch.device) -> dict:
+    """F, B, W, optimizer (ms) and activation memory (MB) of one stage of the built-in model, through
+    the workers' own `AppStageRunner`."""
+    from executor.app import build_stage
+    from executor.app_profile import profile_app_stage
 
-
-def _stage_inputs(module: StageModule, cfg: ModelConfig, batch: int, device: torch.device):
-    gen = torch.Generator().manual_seed(0)
-    if module.first:
-        x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen)
-    else:
-        x = torch.randn(batch, cfg.seq_len, cfg.width, generator=gen)
-    y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen) if module.last else None
-    grad = None if module.last else torch.randn(batch, cfg.seq_len, cfg.width, generator=gen).to(device)
-    return x.to(device), (y.to(device) if y is not None else None), grad
-
-
-def profile_stage(module: StageModule, cfg: ModelConfig, batch: int, reps: int, device: torch.device) -> dict:
-    """F, B, W, optimizer (ms) and activation memory (MB) of one stage."""
-    x, y, grad = _stage_inputs(module, cfg, batch, device)
-    timings: dict[str, list[float]] = {"F": [], "B": [], "W": []}
-
-    def one_microbatch() -> None:
-        store = WeightGradStore()
-        inp = x if module.first else x.detach().requires_grad_(True)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = module(inp, y, store)
-        _sync(device)
-        t1 = time.perf_counter()
-        if module.first:
-            out.backward(grad)
-        else:
-            torch.autograd.grad(out, inp, grad)
-        _sync(device)
-        t2 = time.perf_counter()
-        store.flush()
-        _sync(device)
-        t3 = time.perf_counter()
-        for key, value in (("F", t1 - t0), ("B", t2 - t1), ("W", t3 - t2)):
-            timings[key].append(value)
-
-    for _ in range(reps + WARMUP):
-        one_microbatch()
-    f_ms, b_ms, w_ms = (statistics.median(timings[k][WARMUP:]) * 1e3 for k in ("F", "B", "W"))
-
-    opt = make_optimizer(module, OptimConfig())
-    for p in module.parameters():
-        p.grad = torch.full_like(p, 1e-3)
-
-    def step() -> float:
-        _sync(device)
-        t0 = time.perf_counter()
-        opt.step()
-        _sync(device)
-        return time.perf_counter() - t0
-
-    opt_ms = _median_ms(step, reps)
-    module.zero_grad(set_to_none=True)
-    return {"F": f_ms, "B": b_ms, "W": w_ms, "optimizer": opt_ms,
-            "activation_mb": activation_mb(module, x, y)}
-
-
-def activation_mb(module: StageModule, x: torch.Tensor, y: torch.Tensor | None) -> float:
-    """Distinct storages autograd saves during F, plus the output: held from F until W."""
-    seen: dict[Any, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.grad_fn is None and t.is_leaf):
-            return t  # parameters are not activation memory
-        storage = t.untyped_storage()
-        seen[(storage.data_ptr(), t.device)] = storage.nbytes()
-        return t
-
-    store = WeightGradStore()
-    inp = x if module.first else x.detach().requires_grad_(True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = module(inp, y, store)
-    total = sum(seen.values()) + out.numel() * out.element_size()
-    return total / 2**20
+    app = builtin_app(model, data)
+    x, target = stage_input(app, stage, stages, 1, 1, device)
+    module = build_stage(app, stage, stages).to(device)
+    return profile_app_stage(app, module, stage, stages, x, target, reps, device)
 
 
 def _threaded_gloo(size: int, body: Callable[[dist.ProcessGroup, int], float]) -> float:
@@ -180,20 +119,15 @@ def profile_job(
     model: ModelConfig, pipelines: int, stages: int, microbatches: int, data: DataConfig | None = None,
     reps: int = 10, device: str = "cpu",
 ) -> dict[str, Any]:
-    """Measure every stage and return a contract job spec (validated by the planner's parser)."""
-    data = data or DataConfig()
+    """Measure every stage of the built-in model and return a contract job spec (validated by the
+    planner's parser): `recycle profile --app`'s measurement on the built-in app."""
+    from executor.app_profile import profile_app
+
     if reps < 1:
         raise ConfigError(f"reps: must be >= 1, got {reps}", "reps")
     model.stage_layers(stages)
-    dev = torch_device(device)
-    rows = []
-    for s in range(stages):
-        module = StageModule(model, stages, s).to(dev)
-        row = profile_stage(module, model, data.batch_size, reps, dev)
-        row["allreduce"] = allreduce_ms(sum(p.numel() for p in module.parameters()), pipelines, reps)
-        rows.append(row)
-    hop = p2p_ms(data.batch_size * model.seq_len * model.width, reps)
-    return job_spec_from_rows(rows, pipelines, stages, microbatches, hop)
+    app = builtin_app(model, data or DataConfig())
+    return profile_app(app, pipelines, stages, microbatches, reps, device)
 
 
 def job_spec_from_rows(rows: list[dict], pipelines: int, stages: int, microbatches: int,

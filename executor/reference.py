@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.data import DataConfig, MicrobatchSource
-from executor.model import ModelConfig, build_stages
-from executor.optim import OptimConfig, make_optimizer
+from executor.data import DataConfig, builtin_app
+from executor.model import ModelConfig
+from executor.optim import OptimConfig
 
 
 @dataclass
@@ -27,28 +27,8 @@ def train_reference(
     model: ModelConfig, stages: int, pipelines: int, microbatches: int, iterations: int,
     data: DataConfig | None = None, optim: OptimConfig | None = None,
 ) -> TrainingResult:
-    data, optim = data or DataConfig(), optim or OptimConfig()
-    modules = build_stages(model, stages)
-    optimizers = [make_optimizer(m, optim) for m in modules]
-    source = MicrobatchSource(model, data)
-    scale = 1.0 / (pipelines * microbatches)
-    losses = []
-    for it in range(iterations):
-        for m in modules:
-            m.zero_grad(set_to_none=True)
-        total = 0.0
-        for home in range(pipelines):
-            for index in range(microbatches):
-                x, y = source.load(it, home, index)
-                for m in modules[:-1]:
-                    x = m(x)
-                loss = modules[-1](x, y)
-                total += float(loss.detach()) * scale
-                (loss * scale).backward()
-        for opt in optimizers:
-            opt.step()
-        losses.append(total)
-    return TrainingResult(losses, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in modules])
+    """The built-in model, trained in one process (it is a training app like any other)."""
+    return train_reference_app(builtin_app(model, data, optim), stages, pipelines, microbatches, iterations)
 
 
 def train_reference_app(app, stages: int, pipelines: int, microbatches: int,

@@ -6,13 +6,15 @@ instruction in order:
 
 - RECV: wait for a receive that was posted ahead of time (a small window of receives is kept in
   flight so transfers overlap compute), tagged by (iteration, home pipeline, index, kind);
-- F / B / W: `StageRunner`; stage 0 loads its tokens and the last stage its targets itself from
-  the deterministic data, so a re-routed micro-batch needs nothing from its home pipeline;
+- F / B / W: `AppStageRunner` over the training app's stage (the built-in model is an app too,
+  `executor/data.py`); stage 0 loads its inputs and the last stage its targets itself from the
+  app's dataset by the contract's addressing, so a re-routed micro-batch needs nothing from its
+  home pipeline;
 - SEND: non-blocking send, completed before the iteration ends (the tensor is kept alive until then);
 - ALLREDUCE: one flat buffer of the stage's gradients (the last stage appends its loss sum) summed
   over the stage's alive replicas; every micro-batch loss was scaled by 1 / (D x M), so the sum is
   the gradient of the global batch's mean loss whatever failed;
-- OPTIMIZER: this stage's AdamW step, with no barrier against other stages.
+- OPTIMIZER: this stage's optimizer step, with no barrier against other stages.
 """
 
 from __future__ import annotations
@@ -38,11 +40,8 @@ from executor.app_stage import (
     unpack,
 )
 from executor.comms import GenerationGroups, Interrupted, message_tag, torch_device
-from executor.data import DataConfig, MicrobatchSource
+from executor.data import builtin_app
 from executor.fault_points import pause_positions
-from executor.model import ModelConfig, StageModule
-from executor.optim import OptimConfig, make_optimizer
-from executor.stage import StageRunner
 from executor.timing import OpTimer
 from executor.worker_spec import WorkerSpec
 from planner.instructions import Instruction, InstructionStream
@@ -63,29 +62,20 @@ class Worker:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.p, self.s = spec.worker
-        self.model_cfg = ModelConfig(**spec.model)
-        self.data_cfg = DataConfig(**spec.data)
         self.device = torch_device(spec.device, self.p * spec.stages + self.s if spec.local_rank is None
                                    else spec.local_rank)
         scale = 1.0 / (spec.pipelines * spec.microbatches)
-        self.app = load_app(spec.app) if spec.app else None
-        self.replica: ReplicaState | None = None
+        # One path: the built-in model runs as a training app like any user's.
+        self.app = load_app(spec.app) if spec.app else builtin_app(spec.model, spec.data, spec.optim)
         self._signatures: dict[int, list] = {}
         self._published = False
         self.signature_store: Any = None
         """The c10d store where app stages publish their output signatures (set by the launcher)."""
-        if self.app is not None:
-            self.module = build_stage(self.app, self.s, spec.stages).to(self.device)
-            self.runner = AppStageRunner(self.module, self.app, self.s, spec.stages, scale)
-            self.optimizer = self.app.optimizer(self.module.parameters())
-            self.replica = ReplicaState(self.module, self.optimizer)
-        else:
-            self.module = StageModule(self.model_cfg, spec.stages, self.s).to(self.device)
-            self.runner = StageRunner(self.module, scale)
-            self.optimizer = make_optimizer(self.module, OptimConfig(**spec.optim))
-            self._init_optimizer_state()
-            self.source = MicrobatchSource(self.model_cfg, self.data_cfg)
-            self.buffer_shape = (self.data_cfg.batch_size, self.model_cfg.seq_len, self.model_cfg.width)
+        self.module = build_stage(self.app, self.s, spec.stages).to(self.device)
+        self.runner = AppStageRunner(self.module, self.app, self.s, spec.stages, scale)
+        self.optimizer = self.app.optimizer(self.module.parameters())
+        self.replica = ReplicaState(self.module, self.optimizer)
+        """Snapshots for rollback and the bytes a rejoining replica receives (any optimizer)."""
         self.completed = 0
         """Optimizer steps taken: the replica holds the state after iterations 0..completed-1."""
         self.checkpoints = None
@@ -116,28 +106,9 @@ class Worker:
         self._pauses = ({} if self.before_phase is None
                         else pause_positions([ins.op for ins in stream.instructions]))
 
-    # ------------------------------------------------------------------------- optimizer state
-    def _init_optimizer_state(self) -> None:
-        """Create AdamW's state eagerly (the same values its lazy init makes) so every replica, even
-        one that never stepped, has the same state layout to snapshot, restore and broadcast."""
-        for p in self.module.parameters():
-            self.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                       "exp_avg_sq": torch.zeros_like(p)}
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for p in self.module.parameters():
-            st = self.optimizer.state[p]
-            out += [p.data, st["step"], st["exp_avg"], st["exp_avg_sq"]]
-        return out
-
+    # ------------------------------------------------------------------------- replica state
     def share_state(self, groups: GenerationGroups, holder: tuple[int, int]) -> None:
         """Copy `holder`'s parameters and optimizer state to every replica of this stage group."""
-        if self.replica is None:
-            flat = self.flat_state()
-            groups.broadcast(flat, holder)
-            self.load_flat_state(flat)
-            return
         data = self.replica.to_bytes() if self.spec.worker == holder else torch.empty(0, dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         groups.broadcast(size, holder)
@@ -147,26 +118,10 @@ class Worker:
         self.replica.load_bytes(data)
 
     def _snapshot(self) -> Any:
-        if self.replica is not None:
-            return self.replica.snapshot()
-        return [t.detach().clone() for t in self._state_tensors()]
+        return self.replica.snapshot()
 
     def _restore(self, snap: Any) -> None:
-        if self.replica is not None:
-            self.replica.restore(snap)
-            return
-        for t, saved in zip(self._state_tensors(), snap, strict=True):
-            t.copy_(saved)
-
-    def flat_state(self) -> torch.Tensor:
-        return torch.cat([t.reshape(-1).to(self.device, torch.float32) for t in self._state_tensors()])
-
-    def load_flat_state(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for t in self._state_tensors():
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
+        self.replica.restore(snap)
 
     def rollback_to(self, iteration: int) -> None:
         """Drop in-flight work and return to the state after `iteration` steps (from the pre-step
@@ -205,16 +160,10 @@ class Worker:
         self._forget_from(step)
 
     def _reset_to_initial(self) -> None:
-        if self.app is not None:
-            fresh = build_stage(self.app, self.s, self.spec.stages)
-            blank = self.app.optimizer(fresh.parameters()).state_dict()
-        else:
-            fresh = StageModule(self.model_cfg, self.spec.stages, self.s)
-            blank = make_optimizer(fresh, OptimConfig(**self.spec.optim)).state_dict()
+        fresh = build_stage(self.app, self.s, self.spec.stages)
+        blank = self.app.optimizer(fresh.parameters()).state_dict()
         self.module.load_state_dict(fresh.state_dict())
         self.optimizer.load_state_dict(blank)  # an empty `state`: as if it never stepped
-        if self.app is None:
-            self._init_optimizer_state()
 
     def _step(self, iteration: int) -> None:
         if self.keep_snapshots:
@@ -312,16 +261,11 @@ class Worker:
     # ------------------------------------------------------------- data and the wire format
     def _load(self, iteration: int, mb: tuple[int, int]) -> tuple[Any, Any]:
         """(input, target) of micro-batch (home, index): the same in every process."""
-        if self.app is not None:
-            n = self.spec.pipelines * self.spec.microbatches
-            x, y = self.app.microbatch(iteration, mb[0] * self.spec.microbatches + mb[1], n)
-            return to_device(x, self.device), to_device(y, self.device)
-        x, y = self.source.load(iteration, *mb)
-        return x.to(self.device), y.to(self.device)
+        n = self.spec.pipelines * self.spec.microbatches
+        x, y = self.app.microbatch(iteration, mb[0] * self.spec.microbatches + mb[1], n)
+        return to_device(x, self.device), to_device(y, self.device)
 
     def _encode(self, value: Any, kind: str) -> torch.Tensor:
-        if self.app is None:
-            return value.contiguous()
         if kind == "activation" and self.signature_store is not None and not self._published:
             self.signature_store.set(f"signature/{self.s}", encode_signature(self.runner.output_signature))
             self._published = True
@@ -355,16 +299,12 @@ class Worker:
         return signature if kind == "activation" else gradient_signature(signature)
 
     def _receive_buffer(self, kind: str, block: bool) -> torch.Tensor | None:
-        if self.app is None:
-            return torch.empty(self.buffer_shape, device=self.device)
         signature = self._signature(kind, block)
         if signature is None:
             return None
         return torch.empty(max(1, nbytes(signature)), dtype=torch.uint8, device=self.device)
 
     def _decode(self, buffer: torch.Tensor, kind: str) -> Any:
-        if self.app is None:
-            return buffer
         signature = self._signature(kind, block=True)
         return unpack(buffer, signature) if signature else ()
 
