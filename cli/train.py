@@ -212,6 +212,19 @@ def _events(report: dict[str, Any]) -> dict[int, list[str]]:
     return events
 
 
+def measured_vs_predicted(iterations: list[dict[str, Any]], workers: int, cores: int) -> str:
+    """One line saying which way measured and predicted differ (median ratio) and why they can."""
+    ratios = sorted(r["iteration_ms"] / r["predicted_ms"] for r in iterations if r.get("predicted_ms"))
+    if not ratios:
+        return "measured vs predicted: no prediction (no plan timing for these iterations)"
+    ratio = ratios[len(ratios) // 2]
+    why = (f"here {workers} worker processes share {cores} CPU cores, which the profile did not"
+           if ratio >= 1 else "the run was faster than its profile, which was measured once, under the "
+           "machine's load at that moment")
+    return (f"measured vs predicted: median {ratio:.2f}x (the plan predicts from a profile of each "
+            f"stage run alone; {why})")
+
+
 def render_table(report: dict[str, Any]) -> str:
     events = _events(report)
     lines = ["workers are named P:S = pipeline:stage",
@@ -224,8 +237,7 @@ def render_table(report: dict[str, Any]) -> str:
                      f"{r['generation']:>10}  {note}".rstrip())
     workers = report.get("pipelines", 0) * report.get("stages", 0)
     if workers:
-        lines.append(f"measured vs predicted: the plan predicts from a profile of one process alone; here "
-                     f"{workers} worker processes share {os.cpu_count()} CPU cores, so measured is longer")
+        lines.append(measured_vs_predicted(report["iterations"], workers, os.cpu_count() or 1))
     if report["failure_details"]:
         head = f"{'failure':>9}  {'iteration':>9}  {'phase':>15}  {'detected ms':>11}  {'recovery ms':>11}"
         lines += ["", head]

@@ -84,3 +84,15 @@ def test_the_table_marks_kills_rejoins_and_a_checkpoint_restore():
                              {"generation": 3, "failed": [], "restart": 6}]
     report["failure_details"] = report["failure_details"][:1]
     assert _events(report) == {3: ["worker 1:1 killed (backward_input)"], 6: ["worker 1:1 rejoined"]}
+
+
+def test_measured_vs_predicted_says_which_way_they_differ():
+    from cli.train import measured_vs_predicted
+
+    slower = [{"iteration_ms": 200.0, "predicted_ms": 100.0}, {"iteration_ms": 50.0, "predicted_ms": 100.0},
+              {"iteration_ms": 150.0, "predicted_ms": 100.0}, {"iteration_ms": 9.0, "predicted_ms": None}]
+    line = measured_vs_predicted(slower, 6, 2)  # ratios 0.5, 1.5, 2.0: median 1.5
+    assert "median 1.50x" in line and "6 worker processes share 2 CPU cores" in line, line
+    faster = [{"iteration_ms": r * 100.0, "predicted_ms": 100.0} for r in (0.5, 0.6, 0.9)]
+    line = measured_vs_predicted(faster, 6, 2)
+    assert "median 0.60x" in line and "faster than its profile" in line, line
