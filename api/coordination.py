@@ -78,6 +78,7 @@ class Coordinator:
         self._members: LRU[str, Membership] = LRU(settings.cache_entries, _idle)
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
+        self.closing = False
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -86,6 +87,13 @@ class Coordinator:
     def shutdown(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+    def close_polls(self) -> None:
+        """The server is stopping: answer every long-poll now (204, poll again) rather than let the
+        shutdown drop their connections."""
+        self.closing = True
+        for m in list(self._members.values()):
+            m.notify()
 
     def forget_job(self, job_id: str) -> None:
         m = self._members.pop(job_id, None)
@@ -323,15 +331,19 @@ class Coordinator:
         self.check_worker(job, worker)
         m = await self.membership(job)
         deadline = time.monotonic() + wait_s
-        while not (m.generation > after and m.status != "solving"):
-            event = m.changed
-            remaining = deadline - time.monotonic()
-            if m.deleted or remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return None
+        self.metrics.long_polls.inc()
+        try:
+            while not (m.generation > after and m.status != "solving"):
+                event = m.changed
+                remaining = deadline - time.monotonic()
+                if m.deleted or self.closing or remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    return None
+        finally:
+            self.metrics.long_polls.dec()
         return await self._assignment_body(m, worker)
 
     async def _assignment_body(self, m: Membership, worker: Worker) -> bytes:
