@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     from api.protocol import guarded_protocol
 
-    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s)
+    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s,
+                            settings.body_timeout_s)
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), access_log=False, http=http,
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
