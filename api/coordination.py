@@ -26,7 +26,7 @@ from api.solve_queue import COORDINATOR
 from api.solver import in_thread
 from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
-from api.watchdog import lost_workers
+from api.watchdog import confirm_s, lost_workers
 from planner.spec import SpecError, Worker
 
 log = logs.get("coordinator")
@@ -50,6 +50,8 @@ class Membership:
     started_at: float | None = None
     """When the first worker registered (or the job was loaded with registrations)."""
     all_registered: bool = False
+    changed_at: float = field(default_factory=time.monotonic)
+    """When this generation began (or was loaded)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleted: bool = False
@@ -78,6 +80,7 @@ class Coordinator:
         self._members: LRU[str, Membership] = LRU(settings.cache_entries, _idle)
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
+        self.closing = False
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -86,6 +89,12 @@ class Coordinator:
     def shutdown(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+    def close_polls(self) -> None:
+        """The server is stopping: answer every long-poll now (204) rather than drop them."""
+        self.closing = True
+        for m in list(self._members.values()):
+            m.notify()
 
     def forget_job(self, job_id: str) -> None:
         m = self._members.pop(job_id, None)
@@ -134,6 +143,7 @@ class Coordinator:
         if bump:
             m.generation += 1
             m.suspects.clear()  # reports were about the old generation's groups
+            m.changed_at = time.monotonic()
         m.failed = tuple(sorted(set(failed)))
         m.reason, m.iteration_ms = cause, None
         lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
@@ -148,9 +158,7 @@ class Coordinator:
         try:
             await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
                             m.status, m.reason, m.generation - 1 if bump else m.generation)
-        except GenerationConflict as exc:
-            # Another coordinator moved the job (the lease should make this impossible): forget this
-            # copy so the next call reads the stored generation instead of overwriting it.
+        except GenerationConflict as exc:  # another coordinator moved it (the lease prevents it)
             log.error("generation conflict", extra={"job_id": m.job.id, "error": str(exc)})
             if self._members.get(m.job.id) is m:
                 self._members.pop(m.job.id, None)
@@ -243,10 +251,7 @@ class Coordinator:
 
     def _check_reporter(self, m: Membership, caller: Caller, worker: Worker, what: str) -> None:
         """A worker token acts as one registered worker: the one whose registration id it sends."""
-        if caller.admin:
-            return
-        stored = m.sessions.get(worker)
-        if stored is None or not caller.owns(stored):
+        if not caller.admin and (m.sessions.get(worker) is None or not caller.owns(m.sessions[worker])):
             raise Problem(403, f"{what} {list(worker)} is not registered by this process: register with a "
                           "heartbeat and send its registration id as X-Recycle-Registration",
                           field="reporter" if what == "reporter" else "worker")
@@ -269,7 +274,10 @@ class Coordinator:
             # A peer's report therefore only stands once the reported worker misses its next beats, or
             # no new generation came long after (it is too slow); the watchdog decides. A report from
             # outside the job (operator, launcher) or by a worker about itself is final.
-            m.suspects.setdefault(worker, time.monotonic())
+            now = time.monotonic()
+            at = m.suspects.get(worker)
+            if at is None or at - m.changed_at < confirm_s(self.settings):
+                m.suspects[worker] = now  # a repeated report, now well into the generation, counts
             return self._state(m, worker)
         if worker not in m.failed:
             by = f" by {list(reporter)}" if reporter else ""
@@ -323,15 +331,19 @@ class Coordinator:
         self.check_worker(job, worker)
         m = await self.membership(job)
         deadline = time.monotonic() + wait_s
-        while not (m.generation > after and m.status != "solving"):
-            event = m.changed
-            remaining = deadline - time.monotonic()
-            if m.deleted or remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return None
+        self.metrics.long_polls.inc()
+        try:
+            while not (m.generation > after and m.status != "solving"):
+                event = m.changed
+                remaining = deadline - time.monotonic()
+                if m.deleted or self.closing or remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    return None
+        finally:
+            self.metrics.long_polls.dec()
         return await self._assignment_body(m, worker)
 
     async def _assignment_body(self, m: Membership, worker: Worker) -> bytes:

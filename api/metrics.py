@@ -23,6 +23,8 @@ class Metrics:
         self.pool_restarts = Counter("recycle_solve_pool_restarts", "Solve pools replaced (a process died "
                                      "or a solve overran its deadline).", registry=r)
         self.solves_in_flight = Gauge("recycle_solves_in_flight", "Solves running or queued.", registry=r)
+        self.long_polls = Gauge("recycle_long_polls_waiting", "Assignment long-polls parked until a newer "
+                                "generation (or their wait_s, or the server stopping).", registry=r)
         self.plan_lookups = Counter(
             "recycle_plan_lookups", "Plan requests: `hit` = a stored plan answered at once, `shared` = "
             "joined a solve already running, `miss` = started a solve.", ["result"], registry=r)

@@ -5,7 +5,8 @@ limit, so a 150 MB header was read into memory. Here the raw bytes of each reque
 line plus headers) are counted as they arrive, before the parser sees them: over
 `max_header_bytes` or `max_headers` lines the connection gets 431 and is closed. A head not
 complete within `header_timeout_s` of its first byte (or of the connection opening) gets 408 and is
-closed, so half-open and trickling connections are not held. Bodies are limited by `BodyLimit`.
+closed, so half-open and trickling connections are not held. A body not complete within
+`body_timeout_s` of its head gets 408 too (its size is limited by `BodyLimit`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     max_header_bytes = 65536
     max_headers = 100
     header_timeout_s = 10.0
+    body_timeout_s = 30.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -28,6 +30,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = self._head_lines = 0
         self._tail = b""
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._rejected = False
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -36,6 +39,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -65,9 +69,11 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._stop_head_timer()
+        self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._stop_body_timer()
         super().on_message_complete()
         # Whatever comes next on this connection is the next request's head.
         self._in_head, self._head_bytes, self._head_lines, self._tail = True, 0, 0, b""
@@ -82,6 +88,21 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()  # the app answered already: nothing valid can follow
+            return
+        self._reject(408, f"request body not received within {self.body_timeout_s:g} s "
+                     "(RECYCLE_BODY_TIMEOUT_S)")
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
@@ -93,6 +114,10 @@ class GuardedHttpTools(HttpToolsProtocol):
     def _reject(self, status: int, detail: str) -> None:
         self._rejected = True
         self._stop_head_timer()
+        self._stop_body_timer()
+        if self.cycle is not None:  # the app (if any) reading this body learns the client is gone
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         body = ('{"type":"about:blank","title":"' + _REASONS[status].decode() + f'","status":{status},'
                 f'"detail":"{detail}"}}').encode()
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
@@ -101,7 +126,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         self.transport.close()
 
 
-def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float) -> type:
+def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float,
+                     body_timeout_s: float) -> type:
     return type("GuardedHttpToolsProtocol", (GuardedHttpTools,), {
         "max_header_bytes": max_header_bytes, "max_headers": max_headers,
-        "header_timeout_s": header_timeout_s})
+        "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s})

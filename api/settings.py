@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     max_headers: int = Field(default=100, ge=8, description="Most header fields in one request (431 beyond).")
     header_timeout_s: float = Field(default=10.0, gt=0, description="A request head not complete this long "
                                     "after its first byte (or the connection opening) gets 408; closed.")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="A request body not complete this long "
+                                  "after its head gets 408; closed.")
     max_plan_ops: int = Field(
         default=300_000, ge=1,
         description="Largest job accepted: 3 x pipelines x stages x microbatches F/B/W ops per plan.",

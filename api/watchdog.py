@@ -12,19 +12,25 @@ if TYPE_CHECKING:
     from api.coordination import Membership
 
 
+def confirm_s(s: Settings) -> float:
+    """Long enough for a live worker's next beat even on a loaded machine, well under the heartbeat
+    timeout that would catch a silent worker anyway."""
+    return max(2 * s.heartbeat_interval_s, s.heartbeat_timeout_s / 2)
+
+
 def lost_workers(m: Membership, s: Settings, now: float) -> tuple[set[Worker], str]:
     """Workers to declare failed now, and why: silent past the heartbeat timeout; reported by a
     peer and silent since; reported and, though beating, no new generation long after (too slow
     for its peers); or never registered while its peers did."""
     silent = {w for w, seen in m.last_seen.items()
               if now - seen > s.heartbeat_timeout_s and w not in m.failed}
-    # Long enough for a live worker's next beat even on a loaded machine, well under the heartbeat
-    # timeout that would catch a silent worker anyway.
-    confirm = max(2 * s.heartbeat_interval_s, s.heartbeat_timeout_s / 2)
+    confirm = confirm_s(s)
     # A dead peer is found by the heartbeat timeout first (and its generation clears the reports).
     too_slow_s = 3 * s.heartbeat_timeout_s + confirm
     quiet = {w for w, at in m.suspects.items() if now - at > confirm and m.last_seen.get(w, 0) <= at}
-    slow = {w for w, at in m.suspects.items() if now - at > too_slow_s} - quiet
+    # Only reports made well into the generation: one just after a change is about the old groups.
+    slow = {w for w, at in m.suspects.items()
+            if now - at > too_slow_s and at - m.changed_at >= confirm} - quiet
     for w in [w for w in m.suspects if w in m.failed or w in quiet | slow]:
         del m.suspects[w]
     never: set[Worker] = set()

@@ -51,17 +51,40 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     from api.protocol import guarded_protocol
 
-    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s)
+    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s,
+                            settings.body_timeout_s)
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), access_log=False, http=http,
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     try:
         server.run()
     finally:
         lease.close()
     return 0
+
+
+def _server_class():
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            """SIGTERM/SIGINT: answer the coordinator's long-polls before uvicorn starts closing
+            connections (a signal handler runs on the loop's thread: schedule it, thread-safely)."""
+            app = self.config.app
+            services = getattr(getattr(app, "state", None), "services", None)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if services is not None and loop is not None:
+                loop.call_soon_threadsafe(services.coordinator.close_polls)
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def _check_reachable(settings) -> None:

@@ -5,8 +5,10 @@ The module's server beats every 0.2 s and declares a worker failed after 1 s of 
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from api_testkit import create_job, small_job
 
@@ -18,11 +20,34 @@ def poll(client, job_id, worker, after, wait_s=20.0):
     return None if r.status_code == 204 else r.json()
 
 
+@contextmanager
+def beating(client, job_id, worker):
+    """Keep a registered worker beating (every 0.2 s) so the 1 s timeout never fails it mid-test."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(0.2):
+            client.post(f"/v1/jobs/{job_id}/workers/{worker[0]}/{worker[1]}/heartbeat")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
 def test_register_then_failure_moves_every_worker_to_the_next_generation(client):
     job_id = create_job(client, small_job(2, 2, 4))
     reg = client.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat",
                       json={"address": "10.0.0.1:29500", "pid": 42})
     assert reg.status_code == 200 and reg.json()["generation"] == 1 and reg.json()["excluded"] is False
+    with beating(client, job_id, (0, 0)):
+        registered_then_failure(client, job_id)
+
+
+def registered_then_failure(client, job_id):
     first = poll(client, job_id, (0, 0), after=0)
     assert first["generation"] == 1 and first["status"] == "running" and first["failed"] == []
     assert first["instructions"]["worker"] == [0, 0] and len(first["alive"]) == 4

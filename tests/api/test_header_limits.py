@@ -1,6 +1,7 @@
 """Issue 9, finding 2: request heads are bounded before they are read whole (bytes and header
-lines: 431) and in time (a head not complete in RECYCLE_HEADER_TIMEOUT_S: 408, closed), on a real
-server over raw sockets; ordinary requests are untouched."""
+lines: 431) and in time (a head not complete in RECYCLE_HEADER_TIMEOUT_S: 408, closed), bodies in
+time too (RECYCLE_BODY_TIMEOUT_S), on a real server over raw sockets; ordinary requests are
+untouched."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from api_testkit import Server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("heads")
-    srv = Server(f"sqlite:///{tmp / 'r.db'}", tmp / "server.log", RECYCLE_HEADER_TIMEOUT_S="1").start()
+    srv = Server(f"sqlite:///{tmp / 'r.db'}", tmp / "server.log", RECYCLE_HEADER_TIMEOUT_S="1",
+                 RECYCLE_BODY_TIMEOUT_S="1").start()
     try:
         yield srv
     finally:
@@ -80,6 +82,15 @@ def test_a_head_not_finished_in_time_is_answered_408_and_closed(server, sent):
         s.sendall(sent)
         got = read_until_closed(s)  # the server closes it (1 s here); the socket's 20 s bounds the wait
     assert status(got) == 408, got[:300]
+
+
+def test_a_body_not_finished_in_time_is_answered_408_and_closed(server):
+    with connect(server) as s:
+        s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 400\r\n\r\n{\"pipelines\": 2")  # and then nothing
+        got = read_until_closed(s)
+    assert status(got) == 408 and b"RECYCLE_BODY_TIMEOUT_S" in got, got[:300]
+    healthy(server)
 
 
 def test_ordinary_requests_keep_working_on_one_connection(server):
