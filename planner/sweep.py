@@ -147,6 +147,8 @@ def sweep_schedule(
     pending_w: dict[int, deque] = {wi: deque() for wi in orders}
     ops: list[Op] = []
     overrun = policy.w_overrun
+    # costs.hop_ms(s, cross) read once per stage boundary: [same pipeline, cross-pipeline].
+    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(S - 1)]
 
     def arrival(kind: str, mb: int, wi: int) -> float | None:
         """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
@@ -157,13 +159,13 @@ def sweep_schedule(
             src = end_at.get(("F", mb, s - 1))
             if src is None:
                 return None
-            return src + costs.hop_ms(s - 1, where[(mb, s - 1)] // S != wi // S)
+            return src + hops[s - 1][where[(mb, s - 1)] // S != wi // S]
         if s == S - 1:
             return end_at.get(("F", mb, s))
         src = end_at.get(("B", mb, s + 1))
         if src is None:
             return None
-        return src + costs.hop_ms(s, where[(mb, s + 1)] // S != wi // S)
+        return src + hops[s][where[(mb, s + 1)] // S != wi // S]
 
     def run_w(wi: int) -> None:
         mb = pending_w[wi].popleft()
