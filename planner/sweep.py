@@ -149,6 +149,9 @@ def sweep_schedule(
     overrun = policy.w_overrun
     # costs.hop_ms(s, cross) read once per stage boundary: [same pipeline, cross-pipeline].
     hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(S - 1)]
+    # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops.
+    worker_of = {wi: (wi // S, wi % S) for wi in orders}
+    mb_of = [divmod(mb, M) for mb in range(D * M)]
 
     def arrival(kind: str, mb: int, wi: int) -> float | None:
         """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
@@ -173,7 +176,7 @@ def sweep_schedule(
         start = free[wi]
         free[wi] = start + wgt[s]
         mem[wi] -= act_w[s]
-        ops.append(Op((wi // S, s), "W", divmod(mb, M), start, free[wi]))
+        ops.append(Op(worker_of[wi], "W", mb_of[mb], start, free[wi]))
 
     ready = deque(orders)
     waiting: dict[tuple[str, int, int], list[int]] = {}
@@ -207,7 +210,7 @@ def sweep_schedule(
                 mem[wi] -= act[s] - act_w[s]
                 pending_w[wi].append(mb)
             end_at[(kind, mb, s)] = free[wi]
-            ops.append(Op((wi // S, s), kind, divmod(mb, M), start, free[wi]))
+            ops.append(Op(worker_of[wi], kind, mb_of[mb], start, free[wi]))
             if kind == "B" and policy.fused_backward:
                 run_w(wi)
             placed += 1
