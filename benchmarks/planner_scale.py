@@ -5,7 +5,10 @@ six-rule validation inside `plan`, and writing the ~100k-op timeline JSON), as a
 Per-stage times are the GPT 1.5B profile of shared/scenarios/gpt-1.5b-8x8x24.json (Zero Bubble's
 measurements); only the sizes change.
 
-    python benchmarks/planner_scale.py [--runs 5] [--profile]
+    python benchmarks/planner_scale.py [--runs 5] [--profile] [--size 1024x16x64]
+
+`--size PxSxM` plans a larger job (e.g. 1024x16x64, issue 8's 16,384-GPU bar: < 10 s, < 1 GB);
+the eight failed workers stay in eight different pipelines, spread over the stages.
 
 `--profile` also runs the same command once under cProfile and prints where the time goes.
 """
@@ -33,6 +36,21 @@ SIZE = {"pipelines": 32, "stages": 16, "microbatches": 64}
 FAILED = [(p, (5 * p) % 16) for p in range(0, 32, 4)]
 BAR_S = 3.0
 TIMEOUT_S = 300
+
+
+def set_size(text: str) -> None:
+    """Switch SIZE and FAILED to a PxSxM job (eight failures in eight different pipelines)."""
+    global FAILED, BAR_S
+    BAR_S = 10.0  # issue 8's bar for the 16,384-GPU job
+    p, s, m = (int(x) for x in text.lower().split("x"))
+    SIZE.update(pipelines=p, stages=s, microbatches=m)
+    step = max(1, p // 8)
+    FAILED = [(q, (5 * q // step) % s) for q in range(0, step * min(8, p), step)]
+
+
+def peak_rss_mb() -> float:
+    """Largest peak RSS of any child process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def job_spec() -> dict:
@@ -66,9 +84,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs (default 5, after one warm-up)")
     parser.add_argument("--profile", action="store_true", help="also profile one run with cProfile")
+    parser.add_argument("--size", metavar="PxSxM", help="job size (default 32x16x64)")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
+    if args.size:
+        set_size(args.size)
 
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "plan.json"
@@ -104,7 +125,8 @@ def main() -> int:
               f"| {100 * timeline['solver']['gap']:.2f}% | {verdict} |")
         print(f"failed workers: {FAILED}; plan valid (six rules); wall s of all runs "
               f"{[round(w, 2) for w in walls]}; 1-min load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after (2 cores)")
+              f"{os.getloadavg()[0]:.1f} after (2 cores); peak RSS of the largest run "
+              f"{peak_rss_mb():.0f} MB (the validation here runs in this process, not counted)")
         if args.profile:
             stats = Path(tmp) / "plan.prof"
             run_once(["-m", "cProfile", "-o", str(stats), *command])

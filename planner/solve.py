@@ -162,6 +162,31 @@ def _to_concrete(canonical: CanonicalFailure, op: Op) -> Op:
     )
 
 
+def _all_to_concrete(canonical: CanonicalFailure, ops: list[Op]) -> list[Op]:
+    """`_to_concrete` over a whole plan, with the pipeline map read once (the same ops, faster).
+
+    Equal worker and micro-batch tuples are shared between ops (one per worker, one per
+    micro-batch) rather than built per op: ~90 bytes less per op, ~70 MB at 800k ops.
+    """
+    pipe = canonical.to_concrete
+    workers: dict[Worker, Worker] = {}
+    mbs: dict[tuple[int, int], tuple[int, int]] = {}
+    out = []
+    append = out.append
+    for op in ops:
+        w, mb = op.worker, op.microbatch
+        cw = workers.get(w)
+        if cw is None:
+            cw = workers[w] = (pipe[w[0]], w[1])
+        if mb is not None:
+            cm = mbs.get(mb)
+            if cm is None:
+                cm = mbs[mb] = (pipe[mb[0]], mb[1])
+            mb = cm
+        append(Op(cw, op.kind, mb, op.start_ms, op.end_ms))
+    return out
+
+
 def plan(
     job: JobSpec,
     failed: tuple[Worker, ...] | list = (),
@@ -196,7 +221,7 @@ def plan(
         ops, period, stats, reason = _solve_canonical(
             job, canonical.failed, left, use_cp, seed, template=ff_ops
         )
-        ops = [_to_concrete(canonical, op) for op in ops]
+        ops = _all_to_concrete(canonical, ops)
     stats.fault_free_method = ff.method
     concrete_failed = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
     if check:

@@ -147,6 +147,11 @@ def sweep_schedule(
     pending_w: dict[int, deque] = {wi: deque() for wi in orders}
     ops: list[Op] = []
     overrun = policy.w_overrun
+    # costs.hop_ms(s, cross) read once per stage boundary: [same pipeline, cross-pipeline].
+    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(S - 1)]
+    # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops.
+    worker_of = {wi: (wi // S, wi % S) for wi in orders}
+    mb_of = [divmod(mb, M) for mb in range(D * M)]
 
     def arrival(kind: str, mb: int, wi: int) -> float | None:
         """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
@@ -157,13 +162,13 @@ def sweep_schedule(
             src = end_at.get(("F", mb, s - 1))
             if src is None:
                 return None
-            return src + costs.hop_ms(s - 1, where[(mb, s - 1)] // S != wi // S)
+            return src + hops[s - 1][where[(mb, s - 1)] // S != wi // S]
         if s == S - 1:
             return end_at.get(("F", mb, s))
         src = end_at.get(("B", mb, s + 1))
         if src is None:
             return None
-        return src + costs.hop_ms(s, where[(mb, s + 1)] // S != wi // S)
+        return src + hops[s][where[(mb, s + 1)] // S != wi // S]
 
     def run_w(wi: int) -> None:
         mb = pending_w[wi].popleft()
@@ -171,7 +176,7 @@ def sweep_schedule(
         start = free[wi]
         free[wi] = start + wgt[s]
         mem[wi] -= act_w[s]
-        ops.append(Op((wi // S, s), "W", divmod(mb, M), start, free[wi]))
+        ops.append(Op(worker_of[wi], "W", mb_of[mb], start, free[wi]))
 
     ready = deque(orders)
     waiting: dict[tuple[str, int, int], list[int]] = {}
@@ -205,7 +210,7 @@ def sweep_schedule(
                 mem[wi] -= act[s] - act_w[s]
                 pending_w[wi].append(mb)
             end_at[(kind, mb, s)] = free[wi]
-            ops.append(Op((wi // S, s), kind, divmod(mb, M), start, free[wi]))
+            ops.append(Op(worker_of[wi], kind, mb_of[mb], start, free[wi]))
             if kind == "B" and policy.fused_backward:
                 run_w(wi)
             placed += 1

@@ -35,6 +35,7 @@ def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[
     dead = set(map(tuple, failed))
     problems: list[str] = []
     where: dict[tuple[str, int, int, int], Op] = {}
+    durations: dict[tuple[str, int], float] = {}  # costs.duration, looked up once per (kind, stage)
 
     for op in ops:
         p, s = op.worker
@@ -43,7 +44,9 @@ def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[
             continue
         if op.worker in dead:
             problems.append(f"rule 1: {op.kind} runs on failed worker {list(op.worker)}")
-        expected = costs.duration(op.kind, s)
+        expected = durations.get((op.kind, s))
+        if expected is None:
+            expected = durations[(op.kind, s)] = costs.duration(op.kind, s)
         if abs((op.end_ms - op.start_ms) - expected) > EPS * max(1.0, expected):
             problems.append(
                 f"rule 2: {op.kind} on {list(op.worker)} lasts {op.end_ms - op.start_ms:.6f} ms, "
@@ -78,9 +81,13 @@ def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[
 
 def _check_coverage(job, dead, where) -> list[str]:
     problems = []
+    get = where.get
     for hp in range(job.pipelines):
         for m in range(job.microbatches):
             for s in range(job.stages):
+                f, b, w = get(("F", hp, m, s)), get(("B", hp, m, s)), get(("W", hp, m, s))
+                if f is not None and b is not None and w is not None and f.worker == b.worker == w.worker:
+                    continue  # the common case, checked without building the lists below
                 trio = [where.get((k, hp, m, s)) for k in COMPUTE_KINDS]
                 if any(o is None for o in trio):
                     missing = [k for k, o in zip(COMPUTE_KINDS, trio, strict=True) if o is None]
@@ -98,10 +105,11 @@ def _check_order(job, where) -> list[str]:
     costs = job.costs
     problems = []
     last = job.stages - 1
+    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(last)]  # [same, cross]
     for (kind, hp, m, s), op in where.items():
         if kind == "F" and s > 0:
             prev = where[("F", hp, m, s - 1)]
-            hop = costs.hop_ms(s - 1, prev.worker[0] != op.worker[0])
+            hop = hops[s - 1][prev.worker[0] != op.worker[0]]
             if op.start_ms + EPS < prev.end_ms + hop:
                 problems.append(f"rule 3: F of [{hp}, {m}] at stage {s} starts before its input arrives")
         elif kind == "B":
@@ -110,7 +118,7 @@ def _check_order(job, where) -> list[str]:
                     problems.append(f"rule 3: B of [{hp}, {m}] on the last stage starts before its F ends")
             else:
                 nxt = where[("B", hp, m, s + 1)]
-                hop = costs.hop_ms(s, nxt.worker[0] != op.worker[0])
+                hop = hops[s][nxt.worker[0] != op.worker[0]]
                 if op.start_ms + EPS < nxt.end_ms + hop:
                     problems.append(
                         f"rule 3: B of [{hp}, {m}] at stage {s} starts before its gradient arrives"
