@@ -1,4 +1,4 @@
-"""The CP-SAT model (planner/cpsat.py, planner/cp/): each constraint family on tiny jobs, golden
+"""The CP-SAT model (planner/cp/cpsat.py, planner/cp/): each constraint family on tiny jobs, golden
 optima CP-SAT must prove, and the never-worse / never-invalid guarantees of `improve`.
 
 `CpResult.model_ops` is the CP solution's own times converted back to ms, so checking it with the
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner import cpsat
 from planner.bounds import lower_bound
+from planner.cp import cpsat
 from planner.cp.orders import orders_of, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
 from planner.failures import normalize
