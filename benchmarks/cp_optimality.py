@@ -1,7 +1,7 @@
 """How close CP-SAT gets to optimal: heuristic period, CP period, bound, gap, status and time.
 
 For each scenario and failure set (canonicalized as the planner does) this runs the planner's best
-heuristic, the analytic bound, then `planner.cpsat.improve` with the heuristic as warm start, and
+heuristic, the analytic bound, then `planner.cp.cpsat.improve` with the heuristic as warm start, and
 checks the CP plan with the contract's validator and replay. Wall times depend on machine load;
 CP-SAT's deterministic time is printed too. Fault-free rows plan one pipeline (the planner
 replicates it D times, and the bound of D identical pipelines is the same).
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.bounds import lower_bound  # noqa: E402
-from planner.cpsat import improve  # noqa: E402
+from planner.cp.cpsat import improve  # noqa: E402
 from planner.failures import normalize  # noqa: E402
 from planner.simulator import replay, validate  # noqa: E402
 from planner.solve import best_heuristic  # noqa: E402

@@ -1,6 +1,7 @@
-"""Wall time of `recycle plan` on a 32 x 16 x 64 job with 8 failed workers (bar: under 3 s).
+"""Wall time of `recycle plan --no-cp` (heuristic only, no CP-SAT) on a 32 x 16 x 64 job with 8 failed
+workers (bar: under 3 s).
 
-Times the whole CLI process (interpreter start, imports, planning with the heuristic, the
+Times the whole CLI process (interpreter start, imports, planning with the heuristic only, the
 six-rule validation inside `plan`, and writing the ~100k-op timeline JSON), as a user would see it.
 Per-stage times are the GPT 1.5B profile of shared/scenarios/gpt-1.5b-8x8x24.json (Zero Bubble's
 measurements); only the sizes change.

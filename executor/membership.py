@@ -4,7 +4,8 @@ reports, over HTTP (httpx) only; the executor never imports the service.
 Two daemon threads per worker, each with its own httpx client:
 
 - heartbeat: `POST .../workers/{p}/{s}/heartbeat` every `heartbeat_interval_s` (the service says
-  how often). An answer with `excluded: true` means the coordinator declared this worker failed.
+  how often). Its `excluded` answer is not read here: exclusion reaches the worker as a newer
+  assignment through the long-poll.
 - long-poll: `GET .../assignment?after=G&wait_s=...`; every newer settled generation is stored as
   `latest` and sets `changed`, the event the main loop's waits check (see comms.interruptible).
 
@@ -53,7 +54,6 @@ class Membership:
         self.interval_s = 1.0
         self.latest: dict[str, Any] | None = None
         self.changed = threading.Event()
-        self.excluded = threading.Event()
         self.error: str | None = None
         """Set when the service cannot be reached for `service_lost_s` (also sets `changed`)."""
         self._stop = threading.Event()
@@ -138,11 +138,9 @@ class Membership:
         p, s = self.worker
         while not self._stop.wait(self.interval_s):
             try:
-                resp = client.post(f"/workers/{p}/{s}/heartbeat")
+                client.post(f"/workers/{p}/{s}/heartbeat")
             except httpx.TransportError:
                 continue  # the poll thread decides when the service is lost
-            if resp.status_code == 200 and resp.json().get("excluded"):
-                self.excluded.set()
 
     def _poll_loop(self) -> None:
         client = self._new_client(read_s=POLL_WAIT_S + 10.0)

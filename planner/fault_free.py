@@ -104,7 +104,7 @@ def _solve(job: JobSpec, key: str) -> FaultFreePlan:
     ops, period, policy = best_heuristic(single, (), bound, budget_s=float("inf"), info=info)
     cacheable = True
     if CP_DETERMINISTIC_S > 0 and period > bound + 1e-6:
-        from planner import cpsat
+        from planner.cp import cpsat
         from planner.simulator import replay
 
         if single.op_count <= cpsat.FULL_MAX_OPS:

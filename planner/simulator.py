@@ -3,7 +3,7 @@
 `replay` takes only each worker's op *order* (by `start_ms`) and runs back-to-back iterations with
 every op as early as rules 3-5 allow, a worker starting iteration i+1 right after its own OPTIMIZER
 of iteration i; the period is the distance between the ends of consecutive iterations once it
-settles. `simulate` adds the six-rule check (`planner.validate`) and per-worker load.
+settles. The six-rule check is `planner.validate`; per-worker memory is `validate.peak_memory`.
 
 The replay is a max-plus recurrence over a DAG, so it is evaluated level by level with numpy: a
 32 x 16 x 64 plan (~100k ops) replays an iteration in tens of milliseconds.
@@ -19,7 +19,6 @@ import numpy as np
 
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op, worker_orders
-from planner.validate import peak_memory, validate
 
 
 @dataclass
@@ -284,38 +283,3 @@ def settled_cycle(increments: list[np.ndarray]) -> int:
         if np.allclose(last, before, atol=1e-7, rtol=0) and np.allclose(last, last.mean(), atol=1e-7, rtol=0):
             return c
     return 0
-
-
-@dataclass
-class SimulationReport:
-    """What `recycle simulate` prints: validity, period, and per-worker load."""
-
-    valid: bool
-    violations: list[str]
-    iteration_ms: float
-    jittered_iteration_ms: float | None
-    busy_ms: dict[Worker, float]
-    idle_ms: dict[Worker, float]
-    peak_memory_mb: dict[Worker, float]
-
-
-def simulate(
-    job: JobSpec,
-    failed: Sequence[Worker],
-    ops: Sequence[Op],
-    jitter: float = 0.0,
-    seed: int = 0,
-    iterations: int = 40,
-) -> SimulationReport:
-    violations = validate(job, failed, ops)
-    report = replay(job, ops, iterations=iterations)
-    jittered = replay(job, ops, iterations=iterations, jitter=jitter, seed=seed) if jitter else None
-    return SimulationReport(
-        valid=not violations,
-        violations=violations,
-        iteration_ms=report.iteration_ms,
-        jittered_iteration_ms=jittered.iteration_ms if jittered else None,
-        busy_ms=report.busy_ms,
-        idle_ms=report.idle_ms,
-        peak_memory_mb=peak_memory(job, ops),
-    )

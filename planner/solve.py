@@ -36,7 +36,7 @@ HEURISTIC_SHARE_WITHOUT_FULL_CP = 0.7
 off): the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
 (docs/notes/bench-cpsat.md), while the full list grid there needs ~4.7 s and finds up to 2% more."""
 FULL_CP_MAX_OPS = 3_000
-"""planner.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
+"""planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
 
 @dataclass
 class PlanResult:
@@ -121,7 +121,7 @@ def _solve_canonical(
     left = time_limit_s - (time.perf_counter() - started)
     if use_cp and stats.status is not SolveStatus.OPTIMAL and left > 0.5:
         try:
-            from planner import cpsat
+            from planner.cp import cpsat
         except ImportError:  # the CP model is optional at import time only while it is built
             cpsat = None
         if cpsat is not None:

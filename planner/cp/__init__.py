@@ -1,4 +1,4 @@
-"""The CP-SAT side of the planner, split by concern (the entry point is `planner.cpsat.improve`).
+"""The CP-SAT side of the planner, split by concern (the entry point is `planner.cp.cpsat.improve`).
 
 - `timing`: exact milliseconds <-> the model's integer time units.
 - `orders`: per-worker op orders <-> exact-ms schedules (ASAP retiming, the hint's steady state,

@@ -75,7 +75,7 @@ def test_no_random_valid_plan_beats_the_analytic_bound(case):
 def test_no_plan_beats_the_claimed_bound_cp_included(case):
     """The planner's claim with CP-SAT on (its proof may raise the analytic bound), against a
     second, longer CP-SAT search with another seed and random valid plans."""
-    from planner import cpsat
+    from planner.cp import cpsat
 
     job, failed, seed = case
     claimed = plan(job, failed, use_cp=True, time_limit_s=2.0, seed=0)

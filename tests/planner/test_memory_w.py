@@ -74,7 +74,7 @@ def test_bound_and_heuristic_plan_use_activation_w(activation_w, limit, best):
 
 @pytest.mark.parametrize(("activation_w", "limit", "best"), [(1.0, 3.0, 9.0), (1.0, 2.5, 10.0)])
 def test_cp_model_holds_activation_w_from_b_end_to_w_end(activation_w, limit, best):
-    from planner import cpsat
+    from planner.cp import cpsat
 
     j = job(activation_w, limit)
     # Warm start from the EAGER plan (every W right after its B, period 10) and no analytic bound:

@@ -89,7 +89,7 @@ def test_a_spent_budget_still_runs_the_first_list_policies():
 
 
 def test_heuristic_budget_is_larger_where_cp_sat_cannot_build_the_full_model():
-    from planner import cpsat
+    from planner.cp import cpsat
     from planner.solve import FULL_CP_MAX_OPS, heuristic_budget_s
 
     assert FULL_CP_MAX_OPS == cpsat.FULL_MAX_OPS
