@@ -74,3 +74,45 @@ def test_kill9_keeps_the_coordinator_generation(tmp_path):
             assert members["workers"][0]["address"] == "a:1"
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", STORES)
+def test_kill9_during_replan_then_resume(store, tmp_path):
+    """kill -9 while a worker failure's generation is being solved: after restart that generation is
+    solved once (same plan row, same generation, no second bump) and settles to running."""
+    urls = database_for(store, tmp_path)
+    server = Server(next(urls), tmp_path / "server.log", RECYCLE_USE_CP="true",
+                    RECYCLE_SOLVE_TIME_LIMIT_S="3", RECYCLE_HEARTBEAT_TIMEOUT_S="600")
+    # The long heartbeat timeout keeps the registered worker from being failed (a third generation)
+    # while the resumed solve runs: the generation must settle by the resume alone.
+    try:
+        server.start()
+        with server.client() as c:
+            job_id = create_job(c, small_job(4, 4, 8))
+            first = wait_for(lambda: (s := c.get(f"/v1/jobs/{job_id}/membership").json())["status"]
+                             == "running" and s, 60, "generation 1 to run")
+            c.post(f"/v1/jobs/{job_id}/workers/0/0/heartbeat", json={"address": "a:1", "pid": 7})
+            changed = c.post(f"/v1/jobs/{job_id}/failures", json={"worker": [2, 1]}).json()
+            assert changed["generation"] == first["generation"] + 1
+            assert changed["status"] == "solving", "kill must land while the re-plan is solving"
+        server.kill9()
+
+        server.start()
+        with server.client() as c:
+            settled = wait_for(lambda: (s := c.get(f"/v1/jobs/{job_id}/membership").json())["status"]
+                               != "solving" and s, 60, "the interrupted re-plan to settle")
+            assert settled["status"] == "running" and settled["generation"] == changed["generation"]
+            assert settled["failed"] == [[2, 1]] and settled["plan_id"] == changed["plan_id"]
+            assert [w["address"] for w in settled["workers"]] == ["a:1"]
+            plan = c.get(f"/v1/jobs/{job_id}/plans/{changed['plan_id']}").json()
+            assert plan["status"] == "done" and plan["failed"] == [[2, 1]]
+            again = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [[2, 1]], "wait_s": 0}).json()
+            assert again["id"] == changed["plan_id"]  # one plan row for the failure set, not two
+            a = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment",
+                      params={"after": first["generation"], "wait_s": 20}).json()
+            assert a["generation"] == changed["generation"] and a["plan_id"] == changed["plan_id"]
+    finally:
+        server.stop()
+        for _ in urls:
+            pass

@@ -1,0 +1,119 @@
+"""Benchmark: 4,096 simulated worker daemons against one server (issue 9's scale bar).
+
+Every daemon heartbeats at the service's default interval on one keep-alive connection and
+long-polls its assignment on another, as executor daemons do. After a warm-up, one failure is
+reported; measured: heartbeat latency percentiles over the whole run and the time from the report
+until every alive daemon holds its new generation's instruction stream (assignment of the new
+generation, which embeds the worker's stream). Two cases: the failure's plan precomputed and not.
+Bars: heartbeat p99 < 100 ms; all hold the new stream < 3 s after a precomputed failure.
+
+    python benchmarks/api_daemons.py [--pipelines 64 --stages 64 --microbatches 8] [--warmup 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import httpx
+from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
+
+
+async def daemons(url: str, job_id: str, workers: list, failed: list, interval: float, warmup: float,
+                  after: float) -> dict:
+    host, port = host_port(url)
+    beats: list[float] = []
+    held: dict[tuple, float] = {}
+    errors = {"heartbeat": 0}
+    stop = asyncio.Event()
+    opened = asyncio.Semaphore(256)  # open the 2 x D connections without a SYN flood
+
+    async def connect() -> Connection:
+        async with opened:
+            return await Connection(host, port).open()
+
+    async def heartbeat(worker, offset: float) -> None:
+        p, s = worker
+        conn = await connect()
+        await asyncio.sleep(offset)  # spread the beats over the interval, as independent daemons are
+        body = {"address": f"10.0.{p}.{s}:29500", "pid": 1000 + p * 1000 + s}
+        while not stop.is_set():
+            started = time.perf_counter()
+            status, _ = await conn.request("POST", f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat", body)
+            beats.append(time.perf_counter() - started)
+            if status != 200:
+                errors["heartbeat"] += 1
+            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+        await conn.close()
+
+    async def poll(worker) -> None:
+        p, s = worker
+        conn = await connect()
+        while True:
+            status, body = await conn.request(
+                "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60")
+            if status == 200 and json.loads(body)["generation"] >= 2:
+                held[worker] = time.perf_counter()
+                break
+        await conn.close()
+
+    alive = [w for w in workers if list(w) != failed]
+    n = len(workers)
+    beaters = [asyncio.ensure_future(heartbeat(w, interval * i / n)) for i, w in enumerate(workers)]
+    pollers = [asyncio.ensure_future(poll(w)) for w in alive]
+    await asyncio.sleep(warmup)
+    report = await Connection(host, port).open()
+    reported = time.perf_counter()
+    status, body = await report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed})
+    assert status == 200, body
+    await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
+    await asyncio.sleep(after)  # heartbeats keep going after the change
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*beaters), timeout=60)
+    await report.close()
+    ms = [b * 1000 for b in beats]
+    return {"daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
+            "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
+            "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
+            "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
+            "first_s": round(min(held.values()) - reported, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipelines", type=int, default=64)
+    ap.add_argument("--stages", type=int, default=64)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of heartbeats before the failure")
+    ap.add_argument("--after", type=float, default=3.0, help="seconds of heartbeats after all hold it")
+    ap.add_argument("--cases", default="precomputed,not_precomputed")
+    args = ap.parse_args()
+    spec = scenario("uniform-4x4x8.json", pipelines=args.pipelines, stages=args.stages,
+                    microbatches=args.microbatches)
+    workers = [(p, s) for p in range(args.pipelines) for s in range(args.stages)]
+    failures = {"precomputed": [1, args.stages // 2], "not_precomputed": [2, args.stages // 3]}
+    results = {}
+    for case in args.cases.split(","):
+        failed = failures[case]
+        proc, url, _tmp = start_service(RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false")
+        try:
+            with httpx.Client(base_url=url, timeout=300) as c:
+                job_id = c.post("/v1/jobs", json=spec).json()["id"]
+                first = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment", params={"wait_s": 300}).json()
+                assert first["generation"] == 1, first
+                interval = first.get("heartbeat_interval_s") or c.get(
+                    f"/v1/jobs/{job_id}/membership").json()["heartbeat_interval_s"]
+                if case == "precomputed":
+                    plan = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [failed], "wait_s": 300}).json()
+                    assert plan["status"] == "done", plan
+            results[case] = run_loop(daemons(url, job_id, workers, failed, interval, args.warmup, args.after))
+        finally:
+            stop_service(proc)
+    print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
+                      "heartbeat_interval_s": interval, **results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
