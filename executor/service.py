@@ -34,11 +34,13 @@ class LocalService:
     """`recycle serve` on 127.0.0.1 and a free port, with an embedded SQLite database in `workdir`."""
 
     def __init__(self, workdir: Path, env: dict[str, str] | None = None):
+        """`env` may set `RECYCLE_API_TOKEN` (then `token` holds it, for the launcher's client)."""
         self.workdir = Path(workdir)
         self.log_path = self.workdir / "service.log"
         self.env = {**os.environ, "RECYCLE_ACCESS_LOG": "false", "RECYCLE_LOG_LEVEL": "WARNING",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                     **FAST_COORDINATOR, **(env or {})}
+        self.token: str | None = self.env.get("RECYCLE_API_TOKEN") or None
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
