@@ -134,8 +134,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         description="Registers JOB.json (a contract job spec, e.g. from `recycle profile --app`) with "
         "the service, precomputes its plans, prints the job id and writes it to --job-file; reuses the "
         "job that file names if the service holds it with the same spec. The bearer token comes from "
-        "RECYCLE_TOKEN or RECYCLE_TOKEN_FILE. Example: recycle submit job.json --service "
-        "http://10.0.0.1:8000 --job-file /shared/job-id --worker-token-file /shared/worker-token",
+        "RECYCLE_TOKEN or RECYCLE_TOKEN_FILE.",
     )
     one_line_errors(p, "submit")
     p.add_argument("spec", metavar="JOB.json", help="the job spec")

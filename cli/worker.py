@@ -223,9 +223,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         "worker", help="One worker daemon (one per GPU) of a job served by `recycle serve`.",
         description="Runs one worker of a job: pulls its instruction stream from the service, trains "
         "the app's stage, survives peers' failures and rejoins after its own restart (--rejoin). The "
-        "bearer token comes from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE. Example: RECYCLE_TOKEN=... recycle "
-        "worker --service http://10.0.0.1:8000 --job JOB --app examples.gpt:app --worker 0:1 --store "
-        "10.0.0.1:29400",
+        "bearer token comes from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE.",
     )
     one_line_errors(w, "worker")
     w.add_argument("--service", required=True, metavar="URL", help="the plan service")
@@ -252,8 +250,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         "rendezvous", help="Host the c10d store that a job's `recycle worker` processes meet at.",
         description="Hosts a torch.distributed TCPStore until SIGTERM; prints its address as JSON. It "
         "must outlive the workers. With --service and --job it registers its address with the service, "
-        "so workers need no --store (token from RECYCLE_TOKEN). Example: recycle rendezvous --port 29400 "
-        "--service http://10.0.0.1:8000 --job JOB --advertise 10.0.0.1",
+        "so workers need no --store (token from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE).",
     )
     one_line_errors(r, "rendezvous")
     r.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
