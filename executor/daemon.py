@@ -197,26 +197,24 @@ class Daemon:
             log(self.name, f"stage {lost} has no replica holding state: every worker restores "
                 + (f"checkpoint step-{step}" if step else "the initial state (no complete checkpoint)"))
             self.store.set(name, str(step))
-        deadline = time.monotonic() + self.timeouts.group_setup_s
-        while not self.store.check([name]):
-            if self.member.changed.is_set():
-                raise Interrupted(f"generation {gen} restore point")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"generation {gen}: no restore point within "
-                                   f"{self.timeouts.group_setup_s:.0f} s")
-            time.sleep(0.01)
+        self._wait_keys([name], gen, "restore point", "no restore point")
         return int(self.store.get(name))
 
-    def _gather(self, gen: int, alive: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
-        keys = [f"gen{gen}/at/{key(w)}" for w in alive]
+    def _wait_keys(self, keys: list[str], gen: int, point: str, missing: str) -> None:
+        """Until every key is in the store; a newer generation interrupts the wait, and none within
+        the group-setup timeout is an error naming what is `missing`."""
         deadline = time.monotonic() + self.timeouts.group_setup_s
         while not self.store.check(keys):
             if self.member.changed.is_set():
-                raise Interrupted(f"generation {gen} restart point")
+                raise Interrupted(f"generation {gen} {point}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"generation {gen}: peers did not post their progress within "
+                raise TimeoutError(f"generation {gen}: {missing} within "
                                    f"{self.timeouts.group_setup_s:.0f} s")
             time.sleep(0.01)
+
+    def _gather(self, gen: int, alive: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        keys = [f"gen{gen}/at/{key(w)}" for w in alive]
+        self._wait_keys(keys, gen, "restart point", "peers did not post their progress")
         return {w: int(self.store.get(k)) for w, k in zip(alive, keys, strict=True)}
 
     def _finish_together(self, gen: int, alive: list[tuple[int, int]]) -> None:
