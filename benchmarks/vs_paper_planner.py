@@ -53,6 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="per plan, both planners (s)")
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--scenarios", nargs="+", help="scenario file stems (default: all up to 8 x 8)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -62,7 +63,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for path in sorted(SCENARIOS.glob("*.json")):
         job = JobSpec.parse(json.loads(path.read_text()))
-        if job.pipelines * job.stages > MAX_WORKERS:
+        if job.pipelines * job.stages > MAX_WORKERS or (args.scenarios and path.stem not in args.scenarios):
             continue
         for pattern, failed in failure_sets(job, rng):
             started = time.perf_counter()
