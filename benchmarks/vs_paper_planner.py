@@ -51,7 +51,8 @@ def failure_sets(job: JobSpec, rng: random.Random) -> list[tuple[str, list[tuple
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, help="per plan, both planners (s)")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
+                        help="per plan, both planners (s)")
     parser.add_argument("--seed", type=int, default=8)
     parser.add_argument("--scenarios", nargs="+", help="scenario file stems (default: all up to 8 x 8)")
     parser.add_argument("--json", type=Path)
@@ -78,9 +79,10 @@ def main() -> int:
                    "our_policy": ours.stats.heuristic_policy, "our_status": ours.stats.status.value,
                    "our_wall_s": our_wall, "paper_wall_s": paper.wall_s}
             rows.append(row)
-            print(f"| {path.stem} | {pattern} | {failed} | {ours.iteration_ms:.2f} | {paper.iteration_ms:.2f} "
-                  f"({paper.constructive_ms:.2f}) | {ratio:.4f}{'' if ratio >= 1 - 1e-9 else ' SLOWER'}"
-                  f"{'' if not bad else ' INVALID'} | {ours.stats.status.value}: {ours.stats.heuristic_policy} "
+            flags = ("" if ratio >= 1 - 1e-9 else " SLOWER") + ("" if not bad else " INVALID")
+            print(f"| {path.stem} | {pattern} | {failed} | {ours.iteration_ms:.2f} | "
+                  f"{paper.iteration_ms:.2f} ({paper.constructive_ms:.2f}) | {ratio:.4f}{flags} | "
+                  f"{ours.stats.status.value}: {ours.stats.heuristic_policy} "
                   f"| {our_wall:.1f} / {paper.wall_s:.1f} |", flush=True)
     slower = [r for r in rows if r["ratio"] < 1 - 1e-9]
     geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))

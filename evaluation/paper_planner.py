@@ -38,6 +38,8 @@ class PaperPlan:
     """The period of the 1F1B + round-robin construction before CP-SAT."""
     cp_status: str
     wall_s: float
+    cp_model: str = ""
+    """The CP-SAT model used: always the routing-fixed ('restricted') one."""
 
 
 def paper_plan(job: JobSpec, failed, time_limit_s: float = DEFAULT_TIME_LIMIT_S, seed: int = 0) -> PaperPlan:
@@ -52,12 +54,12 @@ def paper_plan(job: JobSpec, failed, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     if ops is None:
         raise ValueError("the 1F1B warm-up does not fit the memory limit")
     period = constructive = replay(job, ops).iteration_ms
-    status = "not run"
+    status, model = "not run", ""
     left = time_limit_s - (time.perf_counter() - started)
     if canonical and left > 0.5:
         bound = lower_bound(job, canonical).value_ms
         result = cpsat.improve(job, canonical, ops, period, bound, left, seed, fixed_routing=True)
-        status = result.cp_status
+        status, model = result.cp_status, result.model
         if result.ops is not None:  # strictly better, replayed and validated inside improve()
             ops, period = result.ops, result.period_ms
-    return PaperPlan(canonical, ops, period, constructive, status, time.perf_counter() - started)
+    return PaperPlan(canonical, ops, period, constructive, status, time.perf_counter() - started, model)

@@ -106,9 +106,9 @@ class _Greedy:
         w = self.dur["W"][s]
         while self.w_left(s) and self.free[s] + w <= at:
             self.put(s, "W")
-        if self.w_left(s) and self.free[s] < at:
-            if at - self.free[s] > max(self.idle) - self.idle[s] or no_bubble_greedy:
-                self.put(s, "W")
+        if self.w_left(s) and self.free[s] < at and (
+                no_bubble_greedy or at - self.free[s] > max(self.idle) - self.idle[s]):
+            self.put(s, "W")
 
     def warmup(self, bubble_before_first_b: bool, early_stages: int = 0) -> None:
         S, M, F, B = self.S, self.M, self.dur["F"], self.dur["B"]
@@ -198,7 +198,8 @@ def zb_greedy_schedule(job: JobSpec, bubble_before_first_b: bool, prioritize_b: 
         return None
     if any(n != job.microbatches for k in "FB" for n in g.count[k]):
         return None  # stage s ran out of forwards before the others (m < p corner cases)
-    ops = [Op((p, s), kind, (p, i), start, end) for p in range(job.pipelines) for s, kind, i, start, end in g.ops]
+    ops = [Op((p, s), kind, (p, i), start, end)
+           for p in range(job.pipelines) for s, kind, i, start, end in g.ops]
     for s in range(job.stages):
         ops.extend(collectives(job, s, set(), g.free[s]))
     # ZB places the first F of every stage without a memory check: a limit below one micro-batch's
@@ -212,5 +213,5 @@ def zb_greedy_candidates(job: JobSpec):
     counts = sorted({0} | {max(1, int(share * job.stages)) for share in EARLY_STAGE_SHARES} - {job.stages})
     for early in counts:
         for variant in VARIANTS:
-            name = "zb-greedy(first_b_bubble={},prioritize_b={},no_bubble_greedy={}".format(*map(int, variant))
-            yield zb_greedy_schedule(job, *variant, early_stages=early), f"{name},early={early})"
+            flags = "first_b_bubble={},prioritize_b={},no_bubble_greedy={}".format(*map(int, variant))
+            yield zb_greedy_schedule(job, *variant, early_stages=early), f"zb-greedy({flags},early={early})"
