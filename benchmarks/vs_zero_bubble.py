@@ -34,8 +34,8 @@ from planner.validate import validate  # noqa: E402
 # name: (p, m, F, B, W, comm) in ms. The ZB paper's table of profiled T_F, T_B, T_W, T_comm (appendix),
 # at the smallest m of each model, rounded as this repository already uses them: 1.5B as
 # shared/scenarios/gpt-1.5b-8x8x24.json, 6.2B as benchmarks/planner_quality.py (ZB_62B), 28.3B as
-# shared/scenarios/gpt-28b-16x32x96.json; 14.6B (11.347/11.248/8.132/0.377) was not yet in the
-# repository and is taken from the same table.
+# shared/scenarios/gpt-28b-16x32x96.json. 14.6B was not in the repository: 11.347/11.248/8.132/0.377
+# is recalled from the same table, not re-checked against the paper (unreachable from this box).
 PROFILES = {
     "1.5B": (8, 24, 18.5, 18.1, 9.3, 0.6),
     "6.2B": (8, 24, 29.7, 29.4, 19.9, 0.53),
