@@ -34,7 +34,7 @@ from planner.validate import validate
 
 VARIANTS = list(product((True, False), repeat=3))
 """(bubble_before_first_b, prioritize_b, no_bubble_greedy): ZB tries all eight."""
-EARLY_STAGE_SHARES = (0.0, 0.25, 0.5, 0.75)
+EARLY_STAGE_SHARES = (0.25, 0.5, 0.75)
 """Our extension. ZB's warm-up stops a stage's forwards where the next would end after its first
 B arrives, so stage s idles (S - 1 - s) x (2 hops + B - F) before that B (measured: 5.32 ms at
 stage 0 of the 6.2B profile at twice 1F1B memory, the whole of ZB-2p's 0.0028 bubble). One more
@@ -208,8 +208,8 @@ def zb_greedy_schedule(job: JobSpec, bubble_before_first_b: bool, prioritize_b: 
 
 
 def zb_greedy_candidates(job: JobSpec):
-    """(schedule or None, name) for ZB's eight variants, each also with the first `share x S`
-    stages running one more warm-up forward (distinct counts only)."""
+    """(schedule or None, name) for ZB's eight variants (early = 0), each also with the first
+    `share x S` stages running one more warm-up forward (distinct counts only)."""
     counts = sorted({0} | {max(1, int(share * job.stages)) for share in EARLY_STAGE_SHARES} - {job.stages})
     for early in counts:
         for variant in VARIANTS:
