@@ -85,6 +85,7 @@ def improve(
     *,
     symmetry_breaking: bool = True,
     deterministic_time: float | None = None,
+    fixed_routing: bool = False,
 ) -> CpResult:
     """Search for a plan better than `hint_ops` within `time_limit_s` (model building included).
 
@@ -92,11 +93,13 @@ def improve(
     `deterministic_time`: a reproducible run instead (one search worker, CP-SAT's
     `max_deterministic_time`, the wall limit only a safety cap): the same result on any machine
     and load, unless the cap is hit (then `parameters["wall_cap_hit"]` is True).
+    `fixed_routing=True`: the routing-fixed model whatever the size (the paper-style baseline of
+    evaluation/paper_planner.py keeps its round-robin routing; its bound is then not global).
     """
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS  # complete routing (model.full_routes): the bound is global
+    full = n_ops <= FULL_MAX_OPS and not fixed_routing  # complete routing: the bound is global
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)
