@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from planner.heuristic import collectives
+from planner.precedence import needs
 from planner.routing import Routing
 from planner.spec import JobSpec
 from planner.timeline import Op
@@ -147,28 +148,10 @@ def sweep_schedule(
     pending_w: dict[int, deque] = {wi: deque() for wi in orders}
     ops: list[Op] = []
     overrun = policy.w_overrun
-    # costs.hop_ms(s, cross) read once per stage boundary: [same pipeline, cross-pipeline].
-    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(S - 1)]
+    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
     # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops.
     worker_of = {wi: (wi // S, wi % S) for wi in orders}
     mb_of = [divmod(mb, M) for mb in range(D * M)]
-
-    def arrival(kind: str, mb: int, wi: int) -> float | None:
-        """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
-        s = wi % S
-        if kind == "F":
-            if s == 0:
-                return 0.0
-            src = end_at.get(("F", mb, s - 1))
-            if src is None:
-                return None
-            return src + hops[s - 1][where[(mb, s - 1)] // S != wi // S]
-        if s == S - 1:
-            return end_at.get(("F", mb, s))
-        src = end_at.get(("B", mb, s + 1))
-        if src is None:
-            return None
-        return src + hops[s][where[(mb, s + 1)] // S != wi // S]
 
     def run_w(wi: int) -> None:
         mb = pending_w[wi].popleft()
@@ -188,11 +171,16 @@ def sweep_schedule(
         while pos[wi] < len(seq):
             kind, mb = seq[pos[wi]]
             s = wi % S
-            at = arrival(kind, mb, wi)
-            if at is None:
-                dep = ("F", mb, s - 1) if kind == "F" else ("F", mb, s) if s == S - 1 else ("B", mb, s + 1)
-                waiting.setdefault(dep, []).append(wi)
-                break
+            need = rule3.get((kind, s))
+            if need is None:
+                at = 0.0  # F on stage 0: its input is there from the start
+            else:
+                dep = (need.source, mb, need.source_stage)
+                src = end_at.get(dep)
+                if src is None:  # not placed yet: resume this worker when it is
+                    waiting.setdefault(dep, []).append(wi)
+                    break
+                at = src + need.delay(where[(mb, need.source_stage)] // S, wi // S)
             if kind == "F":
                 while mem[wi] + act[s] > limit:
                     if not pending_w[wi]:
