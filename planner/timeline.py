@@ -42,6 +42,11 @@ class Op:
     start_ms: float
     end_ms: float
 
+    @property
+    def rerouted(self) -> bool:
+        """Runs a micro-batch whose home pipeline is not this worker's (a failed worker's work)."""
+        return self.microbatch is not None and self.microbatch[0] != self.worker[0]
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "worker": [self.worker[0], self.worker[1]],
