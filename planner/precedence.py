@@ -23,10 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.spec import StageCosts, Worker
-from planner.timeline import Op
-
-Key = tuple[str, int, int, int]
-"""A compute op of a plan: (kind, home pipeline, micro-batch index, stage)."""
+from planner.timeline import Key, Op
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cp.orders import Key, Retimed, orders_of, relabel, retime, steady_state
+from planner.cp.orders import Retimed, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
 from planner.precedence import collective_ops
 from planner.simulator import replay
 from planner.spec import JobSpec, Worker
-from planner.timeline import Op
+from planner.timeline import Key, Op, orders_of
 from planner.validate import validate
 
 FULL_MAX_OPS = 3_000

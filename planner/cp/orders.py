@@ -17,23 +17,11 @@ from dataclasses import dataclass
 
 from planner.precedence import BARRIER_SOURCE, collective_ops, needs
 from planner.spec import JobSpec, Worker
-from planner.timeline import COMPUTE_KINDS, Op, worker_orders
-
-Key = tuple[str, int, int, int]
-"""A compute op: (kind, home pipeline, micro-batch index, stage)."""
-Orders = dict[Worker, list[Key]]
+from planner.timeline import Key, Op, Orders
 
 
 class OrderCycle(ValueError):
     """The orders deadlock: a worker waits on an op that comes after its own."""
-
-
-def orders_of(ops: Sequence[Op]) -> Orders:
-    """Each worker's compute ops in execution order (ALLREDUCE/OPTIMIZER are always last)."""
-    return {
-        w: [(o.kind, o.microbatch[0], o.microbatch[1], w[1]) for o in seq if o.kind in COMPUTE_KINDS]
-        for w, seq in worker_orders(ops).items()
-    }
 
 
 @dataclass
