@@ -63,11 +63,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     alive = [(p, s) for p in range(D) for s in range(S) if (p, s) not in dead]
     fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
     act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
-    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py), read forwards:
-    # feeds[kind][s]: who waits for a stage-s op of `kind`, as (kind, stage, same ms, cross ms).
-    waiting_for = fed_by(rule3)
-    feeds = {k: [[(n.kind, n.stage, n.same_ms, n.cross_ms) for n in waiting_for.get((k, s), ())]
-                 for s in range(S)] for k in ("F", "B", "W")}
+    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
     hop_same = [rule3[("F", s + 1)].same_ms for s in range(S - 1)]
     limit = costs.memory_limit_mb + 1e-9
     slack = policy.ahead_slack
@@ -91,6 +87,13 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     f_heap: list[list] = [[] for _ in range(n)]
     b_heap: list[list] = [[] for _ in range(n)]
     w_queue = [deque() for _ in range(n)]
+    # The graph read forwards: who waits for a stage-s op of each kind, as (its queue, its stage,
+    # same-pipeline delay, cross-pipeline delay); queue None is this worker's own W queue.
+    queue_of = {"F": f_heap, "B": b_heap, "W": None}
+    waiting_for = fed_by(rule3)
+    out_f, out_b, out_w = (
+        [[(queue_of[nd.kind], nd.stage, nd.same_ms, nd.cross_ms) for nd in waiting_for.get((k, s), ())]
+         for s in range(S)] for k in ("F", "B", "W"))
     mem = [0.0] * n
     ahead = [0] * n
     expected: list[list] = [[] for _ in range(n)]  # (expected gradient arrival, mb) per worker
@@ -156,24 +159,25 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             ahead[wi] += 1
             if s < S - 1:
                 push(expected[wi], (end + round_trip[s], mb))
+            outs = out_f[s]
         elif kind == "B":
             end = t + bwd[s]
             mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1
+            outs = out_b[s]
         else:
             end = t + wgt[s]
             mem[wi] -= act_w[s]
-        for to_kind, ts, same_ms, cross_ms in feeds[kind][s]:
-            if to_kind == "W":
+            outs = out_w[s]
+        for queue, ts, same_ms, cross_ms in outs:
+            if queue is None:
                 wq.append(mb)  # this worker's own W, ready once the B ends
                 continue
             dq = executor[ts][mb]
-            arrival = end + (same_ms if dq == q else cross_ms)
             dwi = dq * S + ts
-            if to_kind == "F":
-                push(f_heap[dwi], (arrival, m, home, mb))
-            else:
-                push(b_heap[dwi], (arrival, m, home, mb))
+            arrival = end + (same_ms if dq == q else cross_ms)
+            push(queue[dwi], (arrival, m, home, mb))
+            if queue is b_heap:
                 known[dwi].add(mb)
             if dwi != wi:  # this worker wakes at `end` anyway
                 push(events, (arrival, seq, dwi))

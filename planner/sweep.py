@@ -128,8 +128,8 @@ def sweep_schedule(
     given = orders if orders is not None else _worker_orders(job, routing, policy)
     # Fast layout for the loop below: worker index wi = p * S + s, micro-batch mb = home * M + m;
     # W's in the given orders are dropped (they are re-placed here).
-    orders = {w[0] * S + w[1]: [(k, home * M + m) for k, home, m, _ in seq if k != "W"]
-              for w, seq in given.items()}
+    orders = {p * S + s: [(k, home * M + m) for k, home, m, _ in seq if k != "W"]
+              for (p, s), seq in given.items()}
     pos = dict.fromkeys(orders, 0)
     end_at: dict[tuple[str, int, int], float] = {}  # (kind, mb, stage) -> end time
     where: dict[tuple[int, int], int] = {}  # (mb, stage) -> worker index
@@ -141,7 +141,12 @@ def sweep_schedule(
     pending_w: dict[int, deque] = {wi: deque() for wi in orders}
     ops: list[Op] = []
     overrun = policy.w_overrun
-    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
+    # What an F or B at stage s waits for, from the one precedence graph (planner/precedence.py):
+    # (source kind, source stage, same-pipeline delay, cross-pipeline delay), or None.
+    rule3 = needs(costs, S)
+    need_f, need_b = ([None if (k, s) not in rule3 else
+                       (rule3[(k, s)].source, rule3[(k, s)].source_stage, rule3[(k, s)].same_ms,
+                        rule3[(k, s)].cross_ms) for s in range(S)] for k in ("F", "B"))
     # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops.
     worker_of = {wi: (wi // S, wi % S) for wi in orders}
     mb_of = [divmod(mb, M) for mb in range(D * M)]
@@ -164,16 +169,17 @@ def sweep_schedule(
         while pos[wi] < len(seq):
             kind, mb = seq[pos[wi]]
             s = wi % S
-            need = rule3.get((kind, s))
+            need = (need_f if kind == "F" else need_b)[s]
             if need is None:
                 at = 0.0  # F on stage 0: its input is there from the start
             else:
-                dep = (need.source, mb, need.source_stage)
+                source, source_stage, same_ms, cross_ms = need
+                dep = (source, mb, source_stage)
                 src = end_at.get(dep)
                 if src is None:  # not placed yet: resume this worker when it is
                     waiting.setdefault(dep, []).append(wi)
                     break
-                at = src + need.delay(where[(mb, need.source_stage)] // S, wi // S)
+                at = src + (cross_ms if where[(mb, source_stage)] // S != wi // S else same_ms)
             if kind == "F":
                 while mem[wi] + act[s] > limit:
                     if not pending_w[wi]:
