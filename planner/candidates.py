@@ -22,8 +22,8 @@ from planner.paper_style import paper_style_schedule
 from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
 from planner.simulator import ReplayError, replay
 from planner.spec import JobSpec, Worker
-from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
-from planner.timeline import Op
+from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
+from planner.timeline import Op, orders_of
 from planner.zb_greedy import zb_greedy_candidates
 
 HEURISTIC_GRID_MAX_OPS = 60_000
@@ -146,7 +146,7 @@ def best_heuristic(
             return best
     if not big and best_list is not None:
         policy, ops = best_list
-        orders = orders_of(job, ops)
+        orders = orders_of(ops)
         for overrun in (0.0, 0.5, 1.0):
             sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)
             name = f"{policy.name}+resweep(overrun={overrun:g})"

@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cp.orders import Key, Retimed, orders_of, relabel, retime, steady_state
+from planner.cp.orders import Retimed, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
+from planner.precedence import collective_ops
 from planner.simulator import replay
 from planner.spec import JobSpec, Worker
-from planner.timeline import Op
+from planner.timeline import Key, Op, orders_of
 from planner.validate import validate
 
 FULL_MAX_OPS = 3_000
@@ -199,8 +200,5 @@ def _model_ops(model, placed: Placed, solver) -> list[Op]:
            for w, seq in placed.items() for t, (k, p, m, s) in seq]
     for w in model.inst.alive_workers:
         s = w[1]
-        at = scale.ms(solver.Value(model.allreduce[s]))
-        ops.append(Op(w, "ALLREDUCE", None, at, at + costs.allreduce[s]))
-        ops.append(Op(w, "OPTIMIZER", None, at + costs.allreduce[s],
-                      at + costs.allreduce[s] + costs.optimizer[s]))
+        ops += collective_ops(costs, s, [w], scale.ms(solver.Value(model.allreduce[s])))
     return ops
