@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from planner.routing import Routing
 from planner.spec import JobSpec
 from planner.sweep import SweepPolicy, sweep_schedule
-from planner.timeline import Op
+from planner.timeline import Key, Op, Orders
 
 SLOPES = (1.5, 2.0)
 OFFSETS = (-2, -1, 0, 1)
@@ -41,21 +41,20 @@ def warmup_depths(job: JobSpec, slope: float, offset: int) -> list[int]:
     return depths
 
 
-def deep_warmup_orders(job: JobSpec, depths: list[int]) -> dict[int, list[tuple[str, int]]]:
-    """Every worker's F/B order (worker index p * S + s, micro-batch id p * M + m, as the sweep
-    expects): `depths[s]` forwards, then one B and one F in turn, micro-batches in index order."""
+def deep_warmup_orders(job: JobSpec, depths: list[int]) -> Orders:
+    """Every worker's F/B order (the planner's `Orders`): `depths[s]` forwards, then one B and one
+    F in turn, its own micro-batches in index order."""
     S, M = job.stages, job.microbatches
-    orders = {}
+    orders: Orders = {}
     for p in range(job.pipelines):
         for s in range(S):
-            ids = [p * M + m for m in range(M)]
             k = depths[s]
-            seq = [("F", mb) for mb in ids[:k]]
-            for j, mb in enumerate(ids):
-                seq.append(("B", mb))
+            seq: list[Key] = [("F", p, m, s) for m in range(k)]
+            for j in range(M):
+                seq.append(("B", p, j, s))
                 if k + j < M:
-                    seq.append(("F", ids[k + j]))
-            orders[p * S + s] = seq
+                    seq.append(("F", p, k + j, s))
+            orders[(p, s)] = seq
     return orders
 
 
