@@ -19,12 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
 from api.solve_queue import QueueFull
-from api.store import JobGone, KeyReused
+from api.store import JobGone, KeyJobDeleted, KeyReused
 from planner.spec import SpecError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-           405: "Method not allowed", 409: "Conflict", 413: "Request too large",
+           405: "Method not allowed", 409: "Conflict", 410: "Gone", 413: "Request too large",
            415: "Unsupported media type",
            422: "Unprocessable request", 500: "Internal error", 501: "Not implemented",
            503: "Service unavailable"}
@@ -112,6 +112,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(KeyReused)
     async def _reused(request: Request, exc: KeyReused) -> Response:
         return problem_response(422, str(exc), request.url.path, "Idempotency-Key")
+
+    @app.exception_handler(KeyJobDeleted)
+    async def _key_gone(request: Request, exc: KeyJobDeleted) -> Response:
+        return problem_response(410, str(exc), request.url.path, "Idempotency-Key")
 
     async def _database(request: Request, exc: Exception) -> Response:
         """The database is unreachable, locked or out of connections: a temporary condition."""

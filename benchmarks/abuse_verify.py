@@ -22,6 +22,10 @@ def check_store(db_url: str, job_id: str, tally: Tally, generation: int) -> dict
             plans = {r[0]: r[1] for r in conn.execute(text(
                 "SELECT p.id, s.status FROM plans p JOIN solves s ON s.job_id = p.job_id AND "
                 "s.class_key = p.class_key WHERE p.job_id = :j"), {"j": job_id})}
+            solve = conn.execute(text(
+                "SELECT s.created_at, s.solved_at, s.summary FROM plans p JOIN solves s ON s.job_id = "
+                "p.job_id AND s.class_key = p.class_key WHERE p.id = :p"), {"p": member.plan_id}).first()
+            unexplained_keys = dict(conn.execute(text("SELECT job_id, key FROM idempotency_keys")).all())
             first = conn.execute(text("SELECT s.status FROM plans p JOIN solves s ON s.job_id = p.job_id "
                                       "AND s.class_key = p.class_key WHERE p.job_id = :j AND "
                                       "p.failed_key = 'none'"), {"j": job_id}).scalar()
@@ -44,8 +48,18 @@ def check_store(db_url: str, job_id: str, tally: Tally, generation: int) -> dict
         reasons.append(f"generation 1's plan: {first}")
     if member.status != "running":
         reasons.append(f"status {member.status}")
+    unexplained = ids - tally.created
+    # A job no answer named but stored under a key whose answered job was deleted: a create with
+    # that key processed after the delete (a dropped request's late twin).
+    after_delete = sum(1 for j in unexplained if unexplained_keys.get(j) in tally.keyed
+                       and tally.keyed[unexplained_keys[j]] <= tally.deleted)
     return {"lost": len(alive - ids), "duplicated": duplicated, "resurrected": len(tally.deleted & ids),
-            "unexplained": len(ids - tally.created), "generation": member.generation if gen_ok else
+            "unexplained": len(unexplained), "unexplained_keyed_after_delete": after_delete,
+            "unexplained_ids": sorted(unexplained),
+            "solve_s": None if solve is None or solve.solved_at is None else round(
+                solve.solved_at - solve.created_at, 3),
+            "solver": None if solve is None or solve.summary is None else json.loads(solve.summary),
+            "generation": member.generation if gen_ok else
             f"{member.generation} (expected {generation})", "failed": json.loads(member.failed),
             "plans": "yes" if not reasons else "no: " + "; ".join(reasons),
             "jobs_stored": len(ids), "jobs_created": len(tally.created), "jobs_deleted": len(tally.deleted),

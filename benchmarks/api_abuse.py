@@ -293,6 +293,9 @@ def main() -> None:
           f"stored {store['jobs_stored']}; "
           f"keys {store['keys']}; daemon transport errors {res['daemon_errors']}; "
           f"load after {os.getloadavg()[0]:.2f}")
+    print(f"failure's plan: stored {store['solve_s']} s after its solve row was made; unexplained jobs "
+          f"{store['unexplained_ids']} ({store['unexplained_keyed_after_delete']} under a key whose job was "
+          "deleted)")
     if args.json:
         print(json.dumps({"rows": rows, "store": store}, default=str))
 
