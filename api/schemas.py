@@ -111,6 +111,10 @@ class WorkerReport(BaseModel):
     worker: WorkerRef = Field(description="The failed (or rejoining) worker [pipeline, stage].")
     reporter: WorkerRef | None = Field(default=None, description="Who reports it (must be part of the job).")
     reason: StrictStr | None = Field(default=None, max_length=2000)
+    generation: JsonInt | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="The generation the reporter ran when it lost the "
+        "worker. A failure report about an older generation than the job's is stale (its groups are "
+        "gone already): answered, and ignored.")
 
 
 class MembershipState(BaseModel):

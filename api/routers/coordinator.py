@@ -36,7 +36,7 @@ async def heartbeat(pipeline: Index, stage: Index, caller: CallerDep, job: JobDe
              responses={409: {"model": ProblemDocument}})
 async def report_failure(report: WorkerReport, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
     return await services.coordinator.report_failure(job, report.worker, report.reporter, report.reason,
-                                                     caller)
+                                                     caller, report.generation)
 
 
 @router.post("/rejoins", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
