@@ -145,7 +145,9 @@ class Coordinator:
             m.suspects.clear()  # reports were about the old generation's groups
             m.changed_at = time.monotonic()
         m.failed = tuple(sorted(set(failed)))
-        m.reason, m.iteration_ms = cause, None
+        # Until its plan is known the generation is solving: a reader between here and the plan
+        # lookup's await would otherwise see the new failures with the old plan, running.
+        m.reason, m.iteration_ms, m.status, m.plan_id = cause, None, "solving", None
         lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
         if lost:
             # Not the end of the job: a worker that rejoins such a stage brings it back, and every
