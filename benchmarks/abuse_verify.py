@@ -62,7 +62,8 @@ def check_store(db_url: str, job_id: str, tally: Tally, generation: int) -> dict
             "generation": member.generation if gen_ok else
             f"{member.generation} (expected {generation})", "failed": json.loads(member.failed),
             "plans": "yes" if not reasons else "no: " + "; ".join(reasons),
-            "jobs_stored": len(ids), "jobs_created": len(tally.created), "jobs_deleted": len(tally.deleted),
+            "plan_id": member.plan_id, "jobs_stored": len(ids), "jobs_created": len(tally.created),
+            "jobs_deleted": len(tally.deleted),
             "keys": len(tally.keyed)}
 
 

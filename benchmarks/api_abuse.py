@@ -53,6 +53,8 @@ class Daemon:
         self.headers = {"Authorization": f"Bearer {target.worker_token}"}
         self.held: dict[int, float] = {}
         """Generation -> wall time its assignment arrived."""
+        self.plans: dict[int, str | None] = {}
+        """Generation -> the plan its assignment named."""
         self.seen: set[int] = set()
         """Every generation a heartbeat or assignment answer named."""
         self.last_beat = 0.0
@@ -120,6 +122,7 @@ class Daemon:
                 body = json.loads(data)
                 after = body["generation"]
                 self.held.setdefault(after, time.time())
+                self.plans.setdefault(after, body["plan_id"])
                 self.seen.add(after)
             elif status != 204:
                 await asyncio.sleep(0.2)
@@ -175,6 +178,10 @@ async def run(t: Target, args, pid: int) -> dict:
                *(random_traffic(t, tally, stop, 10 + i) for i in range(args.random_clients)),
                *(slow_clients(t, tally, stop, 100 + i, body=i % 4 == 0) for i in range(args.slow)),
                *(half_open(t, tally, stop, 1000 + i) for i in range(args.half_open))]
+    if args.no_abuse:  # the baseline: the same daemons and failure, nothing else
+        for a in abusers:
+            a.close()
+        abusers = []
     started = time.time()
     attack = [asyncio.ensure_future(a) for a in abusers]
     await asyncio.sleep(args.kill_at)
@@ -200,6 +207,7 @@ async def run(t: Target, args, pid: int) -> dict:
     return {"started": started, "ended": time.time(), "killed_last_beat": killed_at, "interval": interval,
             "new_generation": gen, "first_seen": first_seen,
             "held": {d.worker: d.held.get(gen) for d in survivors},
+            "held_plans": {d.plans.get(gen) for d in survivors},
             "seen": sorted(set().union(*(d.seen for d in daemons.values()))),
             "daemon_errors": sum(d.errors for d in daemons.values()), "rss": rss, "tally": tally,
             "deleted_answering": deleted_answering}
@@ -210,6 +218,7 @@ def report(res: dict, store: dict, declared: float | None, log_errors: int) -> l
     missing = [list(w) for w, at in held.items() if at is None]
     latency = None if missing or declared is None else max(held.values()) - declared
     rss_max = max(r[1] for r in res["rss"])
+    same_plan = res["held_plans"] == {store["plan_id"]}
     tally: Tally = res["tally"]
     five_hundreds = sum(n for (_, o), n in tally.outcomes.items()
                         if isinstance(o, int) and o >= 500 and o != 503)
@@ -228,6 +237,8 @@ def report(res: dict, store: dict, declared: float | None, log_errors: int) -> l
         ("coordinated generations", "1..2, consecutive", f"{res['seen']}; stored {store['generation']}",
          res["seen"] == [1, 2] and store["generation"] == 2),
         ("coordinated plans stored and done", "yes", store["plans"], store["plans"] == "yes"),
+        ("survivors hold the stored plan", "yes", "yes" if same_plan else
+         f"no: {sorted(map(str, res['held_plans']))} vs {store['plan_id']}", same_plan),
         ("bad-credential writes let in", "0", str(tally.coordinated_writes_let_in),
          tally.coordinated_writes_let_in == 0),
         ("answers 500 (503 excluded) / error log lines", "0 / 0", f"{five_hundreds} / {log_errors}",
@@ -248,6 +259,7 @@ def main() -> None:
                     help="slowloris connections (one in four trickles a body)")
     ap.add_argument("--half-open", type=int, default=40)
     ap.add_argument("--no-precompute", action="store_true", help="the failure's plan is solved when declared")
+    ap.add_argument("--no-abuse", action="store_true", help="baseline: the daemons and the failure only")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
