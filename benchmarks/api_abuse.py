@@ -190,7 +190,8 @@ async def run(t: Target, args, pid: int) -> dict:
     killed_at = victim.last_beat
     await asyncio.sleep(max(0.0, args.duration - args.kill_at))
     stop.set()
-    await asyncio.wait(attack, timeout=60)  # each ends at its next step; slow ones at their next byte
+    if attack:  # each ends at its next step; slow ones at their next byte
+        await asyncio.wait(attack, timeout=60)
     # The daemons beat until the server stops: silent, they would all be declared failed after the
     # heartbeat timeout (a generation the abuse did not cause). A poll in flight is cancelled.
     for d in daemons.values():
