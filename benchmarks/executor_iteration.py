@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from executor_common import model_arguments, model_fields
 
 from executor.data import DataConfig
 from executor.local import train_local
@@ -150,12 +151,7 @@ def main() -> None:
     ap.add_argument("--case", action="append", help="DxS or DxS:P:S (repeatable)")
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--iterations", type=int, default=12)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=4)
+    model_arguments(ap)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--stages", type=int, default=1, help=argparse.SUPPRESS)
     for internal in ("--profile-stage", "--profile-rank", "--profile-size", "--profile-port"):
@@ -167,8 +163,7 @@ def main() -> None:
         profile_worker(args)
         return
     torch.set_num_threads(1)
-    model = ModelConfig(layers=args.layers, width=args.width, heads=args.heads, vocab=args.vocab,
-                        seq_len=args.seq_len)
+    model = ModelConfig(**model_fields(args))
     data = DataConfig(batch_size=args.batch_size)
     rows = []
     for text in args.case or ["2x1", "3x1:2:0"]:

@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from executor_common import model_arguments, model_fields
 
 from executor.data import DataConfig, builtin_app
 from executor.local import train_local
@@ -105,17 +106,11 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=5, help="alternating executor / 1F1B rounds")
     ap.add_argument("--zero-bubble", action="store_true", help="also run ScheduleInterleavedZeroBubble once")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=4)
+    model_arguments(ap)
     args = ap.parse_args()
     if args.rounds < 1 or args.iterations <= WARMUP:
         raise SystemExit(f"--rounds must be >= 1 and --iterations > {WARMUP}")
-    model = {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": args.vocab,
-             "seq_len": args.seq_len}
+    model = model_fields(args)
     cfg = {"model": model, "batch_size": args.batch_size, "microbatches": args.microbatches,
            "iterations": args.iterations}
 

@@ -34,6 +34,28 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+EXAMPLES = {
+    "plan": "recycle plan ../shared/scenarios/uniform-4x4x8.json --fail 1:2 --time-limit 2 -o plan.json",
+    "simulate": "recycle simulate plan.json --jitter 0.1",
+    "precompute": "recycle precompute ../shared/scenarios/uniform-4x4x8.json --max-failures 1 --no-cp "
+                  "-o plans/",
+    "serve": "RECYCLE_API_TOKEN=$(openssl rand -hex 16) recycle serve --port 8000 --database-url "
+             "sqlite:///recycle.db",
+    "profile": "recycle profile --app examples.conv:app --pipelines 2 --stages 3 -o job.json",
+    "train": "recycle train --app examples.gpt:app --pipelines 3 --stages 2 --microbatches 4 --iterations 8 "
+             "--kill 1:1@3:forward --rejoin 1:1@6 --check-exact",
+    "worker": "RECYCLE_TOKEN_FILE=/shared/worker-token recycle worker --service http://10.0.0.1:8000 --job "
+              "@/shared/job-id --app examples.gpt:app --worker 0:1 --store 10.0.0.1:29400",
+    "rendezvous": "RECYCLE_TOKEN_FILE=/shared/worker-token recycle rendezvous --port 29400 --service "
+                  "http://10.0.0.1:8000 --job @/shared/job-id",
+    "submit": "RECYCLE_TOKEN=$ADMIN recycle submit job.json --service http://10.0.0.1:8000 --job-file "
+              "/shared/job-id --worker-token-file /shared/worker-token",
+    "bench": "recycle bench --suite gpt-8x8x24 -o out/gpt",
+}
+"""One working example per command, shown at the end of its --help (tests/test_cli_main.py parses
+each, and runs the planner's, from the repository root)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recycle",
@@ -50,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for name, command in sub.choices.items():
+        command.epilog = f"Example: {EXAMPLES[name]}"
     return parser
 
 

@@ -1,6 +1,8 @@
 """`recycle submit JOB.json --service URL`: register a job spec (e.g. written by `recycle profile
 --app`) with the plan service, precompute its plans, print the job id, and optionally write it to
-`--job-file` for `recycle worker --job @FILE`.
+`--job-file` for `recycle worker --job @FILE`, and the job's worker token to `--worker-token-file`
+(readable by its owner only) for `RECYCLE_TOKEN_FILE`: worker processes then hold a credential that
+reaches only this job's coordinator routes, never the admin token `submit` itself needs.
 
 Re-running it is safe: when `--job-file` already names a job the service still holds with the same
 spec, that job is reused rather than a second one created (a container restarted by its
@@ -39,6 +41,7 @@ def read_job_id(text: str) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from cli.worker import WorkerInputError, service_token
     from executor.service import ServiceClient, ServiceError
     from planner.spec import JobSpec, SpecError
 
@@ -58,7 +61,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         _err(f"--precompute: must be >= 0, got {args.precompute}")
         return EXIT_INPUT
     job_file = Path(args.job_file) if args.job_file else None
-    client = ServiceClient(args.service, os.environ.get("RECYCLE_TOKEN") or None)
+    try:
+        token = service_token(dict(os.environ))
+    except WorkerInputError as exc:
+        _err(str(exc))
+        return EXIT_INPUT
+    client = ServiceClient(args.service, token)
+    worker_token = None
     try:
         job_id = _existing(client, job_file, spec)
         if job_id is None:
@@ -70,22 +79,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
             op = client.precompute(job_id, args.precompute, args.precompute_timeout)
             print(f"precompute up to {args.precompute} failures: {op['status']} ({op['done']}/{op['total']})",
                   file=sys.stderr)
+        if args.worker_token_file:
+            worker_token = client.worker_token(job_id)
+            if worker_token is None:
+                raise ServiceError("--worker-token-file: the service runs without authentication, so "
+                                   "there is no worker token to write")
     except ServiceError as exc:
         _err(str(exc))
         return EXIT_FAILED
     finally:
         client.close()
-    if job_file is not None:
-        try:
-            job_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = job_file.with_name(f".{job_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(job_id + "\n")
-            tmp.replace(job_file)  # workers waiting for the file never read half an id
-        except OSError as exc:
-            _err(f"--job-file: cannot write {job_file}: {exc.strerror}")
-            return EXIT_INPUT
+    for flag, path, text in (("--job-file", job_file, job_id),
+                             ("--worker-token-file", args.worker_token_file, worker_token)):
+        if path is not None:
+            try:
+                _write_atomically(Path(path), text + "\n")
+            except OSError as exc:
+                _err(f"{flag}: cannot write {path}: {exc.strerror}")
+                return EXIT_INPUT
     print(job_id)
     return EXIT_OK
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Owner-only, renamed into place: a worker waiting for the file never reads half of it, and a
+    token never sits world-readable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
 
 
 def _existing(client, job_file: Path | None, spec: dict) -> str | None:
@@ -110,14 +134,15 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         description="Registers JOB.json (a contract job spec, e.g. from `recycle profile --app`) with "
         "the service, precomputes its plans, prints the job id and writes it to --job-file; reuses the "
         "job that file names if the service holds it with the same spec. The bearer token comes from "
-        "RECYCLE_TOKEN. Example: recycle submit job.json --service http://10.0.0.1:8000 --job-file "
-        "/shared/job-id",
+        "RECYCLE_TOKEN or RECYCLE_TOKEN_FILE.",
     )
     one_line_errors(p, "submit")
     p.add_argument("spec", metavar="JOB.json", help="the job spec")
     p.add_argument("--service", required=True, metavar="URL", help="the plan service")
     p.add_argument("--job-file", metavar="PATH", help="write the job id here (read by `recycle worker --job "
                    "@PATH`)")
+    p.add_argument("--worker-token-file", metavar="PATH", help="write the job's worker token here, owner-"
+                   "readable only (workers read it with RECYCLE_TOKEN_FILE=PATH)")
     p.add_argument("--precompute", type=int, default=1, metavar="K",
                    help="precompute the plans of every failure set up to K workers (default 1; 0: none)")
     p.add_argument("--precompute-timeout", type=float, default=300.0, metavar="SECONDS",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import tempfile
 from pathlib import Path
@@ -109,19 +110,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         service = None
         try:
             if args.service:
-                url = args.service
+                url, token = args.service, os.environ.get("RECYCLE_TOKEN") or None
             else:
-                service = LocalService(Path(tmp), {"RECYCLE_SOLVE_TIME_LIMIT_S": str(args.solve_time_limit)})
-                url = service.start().url
+                # Authenticated even on loopback: the launcher keeps the admin token and its workers
+                # get only the job's worker token, as on a real cluster.
+                service = LocalService(Path(tmp), {"RECYCLE_SOLVE_TIME_LIMIT_S": str(args.solve_time_limit),
+                                                   "RECYCLE_API_TOKEN": secrets.token_urlsafe(24)})
+                url, token = service.start().url, service.token
                 print(f"service: {url} (SQLite in {tmp})", file=sys.stderr)
-            client = ServiceClient(url, args.token)
+            client = ServiceClient(url, token)
             job_id = client.create_job(spec)
             op = client.precompute(job_id, len(faults), args.precompute_timeout)
             print(f"job {job_id}: precompute of failure sets up to {len(faults)}: {op['status']} "
                   f"({op['done']}/{op['total']})", file=sys.stderr)
             cluster = LiveCluster(url, job_id, args.pipelines, args.stages, args.microbatches,
                                   args.iterations, model, data, faults=faults, rejoins=rejoins,
-                                  token=args.token, timeout_s=args.timeout, app=args.app,
+                                  token=token, timeout_s=args.timeout, app=args.app,
                                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                                   resume=args.resume, stage_lost_wait_s=args.stage_lost_wait,
                                   device=args.device)

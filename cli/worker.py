@@ -5,8 +5,9 @@ A worker learns its place from `--worker P:S`, or from the launcher's environmen
 it (`RANK`: pipeline RANK // S, stage RANK % S); the job's layout from the service; the store from
 `--store HOST:PORT`, else `RECYCLE_STORE`, else torchrun's `MASTER_ADDR:MASTER_PORT`, else the
 address `recycle rendezvous --service` registered with the service; its bearer token
-from `RECYCLE_TOKEN` (never the command line, where `ps` shows it). It then runs the same daemon as
-`recycle train`'s local workers: membership over HTTP, live recovery, rejoin (`--rejoin`).
+from `RECYCLE_TOKEN` or the file `RECYCLE_TOKEN_FILE` names (never the command line, where `ps`
+shows it; a file suits container secrets and `recycle submit --worker-token-file`). It then runs
+the same daemon as `recycle train`'s local workers: membership over HTTP, live recovery, rejoin (`--rejoin`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def store_address(flag: str | None, env: dict[str, str]) -> tuple[str, int] | No
     return None
 
 
+def service_token(env: dict[str, str]) -> str | None:
+    """The bearer token: `RECYCLE_TOKEN`, else the contents of the file `RECYCLE_TOKEN_FILE` names;
+    None when neither is set (a service without authentication)."""
+    if env.get("RECYCLE_TOKEN"):
+        return env["RECYCLE_TOKEN"]
+    path = env.get("RECYCLE_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise WorkerInputError(f"RECYCLE_TOKEN_FILE: cannot read {path}: {exc.strerror}") from None
+    if not token:
+        raise WorkerInputError(f"RECYCLE_TOKEN_FILE: {path} is empty")
+    return token
+
+
 def place(flag: str | None, env: dict[str, str], pipelines: int, stages: int) -> tuple[int, int]:
     """(pipeline, stage) from --worker, else from RANK (rank r = pipeline r // S, stage r % S)."""
     if flag:
@@ -74,8 +92,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from executor.service import ServiceClient, ServiceError
 
     env = dict(os.environ)
-    token = env.get("RECYCLE_TOKEN") or None
     try:
+        token = service_token(env)
         if args.iterations < 1:
             raise WorkerInputError(f"--iterations: must be >= 1, got {args.iterations}")
         check_checkpoint_options(args)
@@ -145,7 +163,7 @@ def cmd_rendezvous(args: argparse.Namespace) -> int:
             print("recycle rendezvous: error: --service and --job go together", file=sys.stderr)
             return EXIT_INPUT
         try:  # workers started without --store read it from the service
-            client = ServiceClient(args.service, os.environ.get("RECYCLE_TOKEN") or None)
+            client = ServiceClient(args.service, service_token(dict(os.environ)))
             client.set_rendezvous(read_job_id(args.job), address)
             client.close()
         except (ServiceError, WorkerInputError) as exc:
@@ -205,8 +223,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         "worker", help="One worker daemon (one per GPU) of a job served by `recycle serve`.",
         description="Runs one worker of a job: pulls its instruction stream from the service, trains "
         "the app's stage, survives peers' failures and rejoins after its own restart (--rejoin). The "
-        "bearer token comes from RECYCLE_TOKEN. Example: RECYCLE_TOKEN=... recycle worker --service "
-        "http://10.0.0.1:8000 --job JOB --app examples.gpt:app --worker 0:1 --store 10.0.0.1:29400",
+        "bearer token comes from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE.",
     )
     one_line_errors(w, "worker")
     w.add_argument("--service", required=True, metavar="URL", help="the plan service")
@@ -233,8 +250,7 @@ def register(subparsers: argparse._SubParsersAction, one_line_errors) -> None:
         "rendezvous", help="Host the c10d store that a job's `recycle worker` processes meet at.",
         description="Hosts a torch.distributed TCPStore until SIGTERM; prints its address as JSON. It "
         "must outlive the workers. With --service and --job it registers its address with the service, "
-        "so workers need no --store (token from RECYCLE_TOKEN). Example: recycle rendezvous --port 29400 "
-        "--service http://10.0.0.1:8000 --job JOB --advertise 10.0.0.1",
+        "so workers need no --store (token from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE).",
     )
     one_line_errors(r, "rendezvous")
     r.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")

@@ -81,11 +81,7 @@ def load_app(spec: str) -> TrainingApp:
         raise AppError(f"app {spec}: module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
         raise AppError(f"app {spec}: {attr!r} must be a zero-argument factory, got {type(factory).__name__}")
-    try:
-        obj = factory()
-    except Exception as exc:
-        raise AppError(f"app {spec}: the factory {attr}() raised {type(exc).__name__}: "
-                       f"{_one_line(exc)}") from None
+    obj = _user_call(spec, f"the factory {attr}()", factory)
     missing = [name for name in REQUIRED if not hasattr(obj, name)]
     if missing:
         raise AppError(f"app {spec}: attribute {missing[0]!r} is missing "
@@ -100,10 +96,7 @@ def load_app(spec: str) -> TrainingApp:
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise AppError(f"app {spec}: attribute 'dataset' must be a map-style Dataset (__getitem__ and "
                        f"__len__), got {type(dataset).__name__}")
-    try:
-        length = len(dataset)
-    except Exception as exc:
-        raise AppError(f"app {spec}: len(dataset) raised {type(exc).__name__}: {_one_line(exc)}") from None
+    length = _user_call(spec, "len(dataset)", len, dataset)
     if length < 1:
         raise AppError(f"app {spec}: attribute 'dataset' is empty")
     return TrainingApp(spec, obj.build_stage, dataset, size, obj.loss, obj.optimizer)
@@ -114,13 +107,18 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+def _user_call(spec: str, what: str, fn, *args) -> Any:
+    """`fn(*args)`, a call into the user's code: whatever it raises becomes one AppError line
+    naming the call (`what`), never a traceback."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise AppError(f"app {spec}: {what} raised {type(exc).__name__}: {_one_line(exc)}") from None
+
+
 def build_stage(app: TrainingApp, stage: int, stages: int) -> torch.nn.Module:
     """`app.build_stage`, checked: an nn.Module (errors name the stage)."""
-    try:
-        module = app.build_stage(stage, stages)
-    except Exception as exc:
-        raise AppError(f"app {app.spec}: build_stage({stage}, {stages}) raised {type(exc).__name__}: "
-                       f"{_one_line(exc)}") from None
+    module = _user_call(app.spec, f"build_stage({stage}, {stages})", app.build_stage, stage, stages)
     if not isinstance(module, torch.nn.Module):
         raise AppError(f"app {app.spec}: build_stage({stage}, {stages}) must return a torch.nn.Module, "
                        f"got {type(module).__name__}")
@@ -178,22 +176,14 @@ def validate_app(app: TrainingApp, stages: int) -> list[list[tuple[tuple[int, ..
             raise AppError(f"app {app.spec}: stage {s} must return a tensor or a tuple of tensors, got "
                            f"{_describe(value)}")
         signatures.append([(tuple(t.shape), t.dtype) for t in parts])
-    try:
-        loss = app.loss(value, target)
-    except Exception as exc:
-        raise AppError(f"app {app.spec}: loss(output, target) raised {type(exc).__name__}: "
-                       f"{_one_line(exc)}") from None
+    loss = _user_call(app.spec, "loss(output, target)", app.loss, value, target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() != 0:
         raise AppError(f"app {app.spec}: loss(output, target) must return a scalar tensor, got "
                        f"{_describe(loss)}")
     if not loss.requires_grad:
         raise AppError(f"app {app.spec}: loss(output, target) does not depend on any parameter")
     for s, module in enumerate(modules):
-        try:
-            opt = app.optimizer(module.parameters())
-        except Exception as exc:
-            raise AppError(f"app {app.spec}: optimizer(params) raised {type(exc).__name__}: "
-                           f"{_one_line(exc)}") from None
+        opt = _user_call(app.spec, "optimizer(params)", app.optimizer, module.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
             raise AppError(f"app {app.spec}: optimizer(params) must return a torch.optim.Optimizer, got "
                            f"{type(opt).__name__} (stage {s})")

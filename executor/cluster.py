@@ -173,6 +173,10 @@ class LiveCluster:
         self.agent_reports, self.timeout_s = agent_reports, timeout_s
         self.operation_timeout_s, self.threads = operation_timeout_s, threads
         self.client = ServiceClient(service_url, token)
+        self.worker_token: str | None = None
+        """What the worker processes authenticate with: the job's own worker token (fetched with the
+        launcher's admin token), never the admin token itself, so a worker can touch only this job's
+        coordinator routes."""
         self.fired: list[tuple[Fault, float]] = []
         self.posted_losses: dict[int, float] = {}
 
@@ -184,13 +188,15 @@ class LiveCluster:
             threads=self.threads,
             operation_timeout_s=self.operation_timeout_s,
             group_setup_timeout_s=max(2 * self.operation_timeout_s, 30.0),
-            service_url=self.service_url, job_id=self.job_id, service_token=self.token, rejoin_at=rejoin_at,
+            service_url=self.service_url, job_id=self.job_id, service_token=self.worker_token,
+            rejoin_at=rejoin_at,
             pause_at=[f.point for f in self.faults if f.worker == w and rejoin_at is None],
             hold_at=[[r.iteration, *r.worker] for r in self.rejoins],
         )
 
     def run(self, progress=None) -> LiveRun:
         """Train; `progress(completed_iterations)` is called as training advances."""
+        self.worker_token = self.client.worker_token(self.job_id) if self.token else None
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=self.timeout_s))
         keep = os.environ.get("RECYCLE_KEEP_RUN_DIR")  # debugging: keep worker logs and specs

@@ -16,6 +16,10 @@ that brings it back no alive replica of that stage holds state, so in-memory cop
 the lowest alive worker picks the newest complete checkpoint (step 0, the initial state, if there is
 none) and publishes it as `gen{G}/restore`; every worker loads its stage from it and R is its step.
 
+A worker the coordinator declares failed while it is alive (its assignment says `excluded`) drops
+its state and rejoins at once, like a restarted worker: a delayed heartbeat costs one re-plan, not
+a process.
+
 Any wait can be cut short: a newer settled generation (the long-poll thread sets `changed`)
 raises `Interrupted` within 50 ms; a broken connection raises `PeerLost`, which is reported to the
 coordinator (`POST .../failures`) before waiting for the generation it causes. Micro-batch data is a
@@ -39,8 +43,18 @@ from planner.instructions import InstructionStream
 EXIT_OK, EXIT_STOPPED = 0, 3
 
 
+DONE_KEY = "training/done"
+"""Set by the first worker that sees every worker of a generation finish the last iteration: from
+then on training is complete whatever membership changes follow (a finished peer has left, and its
+silence must not make the others rerun or wait for a rejoin)."""
+
+
+class Finished(Exception):
+    """A wait was cut short because training is complete (`DONE_KEY`)."""
+
+
 class TrainingStopped(RuntimeError):
-    """The coordinator stopped the job (a stage has no surviving replica) or excluded this worker."""
+    """The coordinator stopped the job (a stage has no surviving replica and none came back)."""
 
 
 def log(name: str, message: str) -> None:
@@ -71,6 +85,8 @@ class Daemon:
             self.worker.before_phase = self.faults.pause
         self.has_state = spec.rejoin_at is None
         self.generations: list[dict[str, Any]] = []
+        self.barrier: tuple[str, int] | None = None
+        """(counter key, workers) of the last exit barrier this worker entered."""
         self.name = key(spec.worker)
 
     # ------------------------------------------------------------------------------ main loop
@@ -96,6 +112,23 @@ class Daemon:
             current = a["generation"]
             self.member.adopt(current)
             log(self.name, f"generation {current} {a['status']} failed={a['failed']} ({a['reason']})")
+            if self._finished():
+                log(self.name, f"training finished before generation {current}: leaving")
+                return self._result(None)
+            if a["status"] == "excluded":
+                # Declared failed while alive (heartbeats delayed past the timeout under load, too
+                # slow for its peers, or an operator's report): come back as a rejoiner that holds no
+                # state, so a replica copies it the stage's parameters, instead of leaving the job.
+                # Excluded in the exit barrier, it first waits for its peers to finish: dropping the
+                # final state of a finished run would leave it waiting for peers that have left.
+                if self._await_finish():
+                    log(self.name, f"training finished; excluded from generation {current} after it")
+                    return self._result(None)
+                log(self.name, f"excluded from generation {current}: rejoining")
+                self.worker.runner.drop_in_flight()
+                self.has_state = False
+                current = self.member.rejoin()["generation"] - 1
+                continue
             waiting = a["status"] == "waiting"
             if waiting:
                 self.worker.runner.drop_in_flight()
@@ -106,6 +139,9 @@ class Daemon:
                 raise TrainingStopped(f"generation {current} is {a['status']}: {a['reason']}")
             try:
                 self._run_generation(a)
+                return self._result(None)
+            except Finished:
+                log(self.name, f"training finished during generation {current}'s setup: leaving")
                 return self._result(None)
             except Interrupted as exc:
                 log(self.name, f"interrupted in generation {current}: {exc}")
@@ -197,26 +233,26 @@ class Daemon:
             log(self.name, f"stage {lost} has no replica holding state: every worker restores "
                 + (f"checkpoint step-{step}" if step else "the initial state (no complete checkpoint)"))
             self.store.set(name, str(step))
+        self._wait_keys([name], gen, "restore point", "no restore point")
+        return int(self.store.get(name))
+
+    def _wait_keys(self, keys: list[str], gen: int, point: str, missing: str) -> None:
+        """Until every key is in the store; a newer generation interrupts the wait, and none within
+        the group-setup timeout is an error naming what is `missing`."""
         deadline = time.monotonic() + self.timeouts.group_setup_s
-        while not self.store.check([name]):
+        while not self.store.check(keys):
+            if self._finished():
+                raise Finished
             if self.member.changed.is_set():
-                raise Interrupted(f"generation {gen} restore point")
+                raise Interrupted(f"generation {gen} {point}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"generation {gen}: no restore point within "
+                raise TimeoutError(f"generation {gen}: {missing} within "
                                    f"{self.timeouts.group_setup_s:.0f} s")
             time.sleep(0.01)
-        return int(self.store.get(name))
 
     def _gather(self, gen: int, alive: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
         keys = [f"gen{gen}/at/{key(w)}" for w in alive]
-        deadline = time.monotonic() + self.timeouts.group_setup_s
-        while not self.store.check(keys):
-            if self.member.changed.is_set():
-                raise Interrupted(f"generation {gen} restart point")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"generation {gen}: peers did not post their progress within "
-                                   f"{self.timeouts.group_setup_s:.0f} s")
-            time.sleep(0.01)
+        self._wait_keys(keys, gen, "restart point", "peers did not post their progress")
         return {w: int(self.store.get(k)) for w, k in zip(alive, keys, strict=True)}
 
     def _finish_together(self, gen: int, alive: list[tuple[int, int]]) -> None:
@@ -225,20 +261,45 @@ class Daemon:
         it finishes means a new generation, and this worker may have to rerun its last iteration."""
         counter = f"gen{gen}/finished"
         self.store.add(counter, 1)
+        self.barrier = (counter, len(alive))
         deadline = time.monotonic() + self.timeouts.operation_s
         while self.store.add(counter, 0) < len(alive):
+            if self._finished():
+                return  # a peer saw everyone finish, then a membership change came: still done
             if self.member.changed.is_set():
                 raise Interrupted(f"generation {gen} exit barrier")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"peers did not finish within {self.timeouts.operation_s:.0f} s")
             time.sleep(0.01)
+        self.store.set(DONE_KEY, str(gen))
+
+    def _finished(self) -> bool:
+        """Training is complete (a peer saw everyone finish, or every worker of the exit barrier this
+        worker entered has entered it) and this worker holds its final state."""
+        if not (self.has_state and self.worker.completed >= self.spec.iterations):
+            return False
+        if self.store.check([DONE_KEY]):
+            return True
+        return self.barrier is not None and self.store.add(self.barrier[0], 0) >= self.barrier[1]
+
+    def _await_finish(self) -> bool:
+        """For a worker holding the final state: whether its exit barrier completes within the
+        operation timeout (False at once for a worker that has not finished)."""
+        if not (self.has_state and self.worker.completed >= self.spec.iterations):
+            return False
+        deadline = time.monotonic() + self.timeouts.operation_s
+        while time.monotonic() < deadline:
+            if self._finished():
+                return True
+            time.sleep(0.01)
+        return False
 
     def _result(self, error: str | None) -> dict[str, Any]:
         return {**self.worker.results(), "generations": self.generations, "error": error}
 
 
 def daemon_main(spec: WorkerSpec) -> tuple[dict[str, Any], int]:
-    """Run a live worker; returns (result, exit code). Stopped/excluded ends with EXIT_STOPPED and
+    """Run a live worker; returns (result, exit code). A stopped job ends with EXIT_STOPPED and
     a result holding the last consistent state (no half-applied step: see `stopped_state`)."""
     daemon = Daemon(spec)
     try:

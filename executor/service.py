@@ -31,25 +31,32 @@ def free_port() -> int:
 
 
 class LocalService:
-    """`recycle serve` on 127.0.0.1 and a free port, with an embedded SQLite database in `workdir`."""
+    """`recycle serve` on 127.0.0.1 and a free port, by default with an embedded SQLite database in
+    `workdir`: the one way the launchers, the API tests and the API benchmarks start a service."""
 
-    def __init__(self, workdir: Path, env: dict[str, str] | None = None):
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None, database_url: str | None = None,
+                 launcher: tuple[str, ...] = (sys.executable,), log_path: Path | None = None):
+        """`env` may set `RECYCLE_API_TOKEN` (then `token` holds it, for the launcher's client);
+        `launcher` runs `-m cli.main serve` (e.g. under `taskset`); the log goes to `log_path`."""
         self.workdir = Path(workdir)
-        self.log_path = self.workdir / "service.log"
+        self.database_url = database_url or f"sqlite:///{self.workdir / 'recycle.db'}"
+        self.launcher = tuple(launcher)
+        self.log_path = Path(log_path) if log_path else self.workdir / "service.log"
         self.env = {**os.environ, "RECYCLE_ACCESS_LOG": "false", "RECYCLE_LOG_LEVEL": "WARNING",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                     **FAST_COORDINATOR, **(env or {})}
+        self.token: str | None = self.env.get("RECYCLE_API_TOKEN") or None
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
     def start(self, timeout_s: float = 60.0) -> LocalService:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        db = f"sqlite:///{self.workdir / 'recycle.db'}"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--database-url", db], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                [*self.launcher, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+                 "--database-url", self.database_url], cwd=REPO, env=self.env, stdout=log,
+                stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,6 +1,9 @@
 """The constructive search: every heuristic candidate replayed, the best period kept.
 
 Candidates, in the order tried: the fault-free plan with re-routed work inserted on the peers,
+the ReCycle paper's construction (1F1B kept, round-robin re-routing: `planner.paper_style`),
+fault-free only: Zero Bubble's greedy (`planner.zb_greedy`) and warm-ups deeper than 1F1B's
+(`planner.deep_warmup`),
 Zero-Bubble-style sweeps of the balanced re-routing, dissolving the damaged pipelines, the dropped
 job's own plan (relabelled), the list-scheduling grid, the best list schedule re-swept, and mixes
 (part of each damaged pipeline dissolved) while the budget lasts. Each is measured by the
@@ -12,13 +15,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
+from planner.paper_style import paper_style_schedule
 from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
 from planner.simulator import ReplayError, replay
 from planner.spec import JobSpec, Worker
-from planner.sweep import SweepPolicy, insertion_orders, orders_of, sweep_schedule
-from planner.timeline import Op
+from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
+from planner.timeline import Op, orders_of
+from planner.zb_greedy import zb_greedy_candidates
 
 HEURISTIC_GRID_MAX_OPS = 60_000
 MIXES_ALWAYS_MAX_OPS = 3_000
@@ -104,9 +110,15 @@ def best_heuristic(
                 if consider(sweep_schedule(job, routing(rot), policy, orders),
                             f"insert-into-fault-free(overrun={overrun:g},rot={rot})"):
                     return best
+    if failed and consider(paper_style_schedule(job, failed), "paper-style(1F1B,round-robin)"):
+        return best  # the ReCycle paper's construction: the planner is never behind it
     if not big:
         for policy in SWEEP_POLICIES:
             if consider(sweep_schedule(job, routing(0), policy), policy.name):
+                return best
+    if not failed:  # Zero Bubble's own greedy (never behind it), then warm-ups deeper than 1F1B's
+        for ops, name in (*zb_greedy_candidates(job), *deep_warmup_candidates(job, routing(0))):
+            if consider(ops, name):
                 return best
     dissolved = dissolving_routing(job, failed) if failed else None
     if dissolved is not None:
@@ -134,7 +146,7 @@ def best_heuristic(
             return best
     if not big and best_list is not None:
         policy, ops = best_list
-        orders = orders_of(job, ops)
+        orders = orders_of(ops)
         for overrun in (0.0, 0.5, 1.0):
             sweep = SweepPolicy(w_overrun=overrun, routing_rotation=policy.routing_rotation)
             name = f"{policy.name}+resweep(overrun={overrun:g})"

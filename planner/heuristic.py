@@ -16,6 +16,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from planner.precedence import collective_ops, fed_by, needs
 from planner.routing import Routing
 from planner.spec import JobSpec
 from planner.timeline import Op
@@ -62,8 +63,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     alive = [(p, s) for p in range(D) for s in range(S) if (p, s) not in dead]
     fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
     act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
-    hop_same = [costs.hop_ms(s, False) for s in range(S - 1)]
-    hop_cross = [costs.hop_ms(s, True) for s in range(S - 1)]
+    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
+    hop_same = [rule3[("F", s + 1)].same_ms for s in range(S - 1)]
     limit = costs.memory_limit_mb + 1e-9
     slack = policy.ahead_slack
     caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
@@ -86,6 +87,13 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     f_heap: list[list] = [[] for _ in range(n)]
     b_heap: list[list] = [[] for _ in range(n)]
     w_queue = [deque() for _ in range(n)]
+    # The graph read forwards: who waits for a stage-s op of each kind, as (its queue, its stage,
+    # same-pipeline delay, cross-pipeline delay); queue None is this worker's own W queue.
+    queue_of = {"F": f_heap, "B": b_heap, "W": None}
+    waiting_for = fed_by(rule3)
+    out_f, out_b, out_w = (
+        [[(queue_of[nd.kind], nd.stage, nd.same_ms, nd.cross_ms) for nd in waiting_for.get((k, s), ())]
+         for s in range(S)] for k in ("F", "B", "W"))
     mem = [0.0] * n
     ahead = [0] * n
     expected: list[list] = [[] for _ in range(n)]  # (expected gradient arrival, mb) per worker
@@ -151,32 +159,29 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             ahead[wi] += 1
             if s < S - 1:
                 push(expected[wi], (end + round_trip[s], mb))
-            if s < S - 1:
-                dq = executor[s + 1][mb]
-                arrival = end + (hop_same[s] if dq == q else hop_cross[s])
-                dwi = dq * S + s + 1
-                push(f_heap[dwi], (arrival, m, home, mb))
-                push(events, (arrival, seq, dwi))
-                seq += 1
-            else:
-                push(bh, (end, m, home, mb))
-                known[wi].add(mb)
+            outs = out_f[s]
         elif kind == "B":
             end = t + bwd[s]
             mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1
-            wq.append(mb)
-            if s > 0:
-                dq = executor[s - 1][mb]
-                arrival = end + (hop_same[s - 1] if dq == q else hop_cross[s - 1])
-                dwi = dq * S + s - 1
-                push(b_heap[dwi], (arrival, m, home, mb))
-                known[dwi].add(mb)
-                push(events, (arrival, seq, dwi))
-                seq += 1
+            outs = out_b[s]
         else:
             end = t + wgt[s]
             mem[wi] -= act_w[s]
+            outs = out_w[s]
+        for queue, ts, same_ms, cross_ms in outs:
+            if queue is None:
+                wq.append(mb)  # this worker's own W, ready once the B ends
+                continue
+            dq = executor[ts][mb]
+            dwi = dq * S + ts
+            arrival = end + (same_ms if dq == q else cross_ms)
+            push(queue[dwi], (arrival, m, home, mb))
+            if queue is b_heap:
+                known[dwi].add(mb)
+            if dwi != wi:  # this worker wakes at `end` anyway
+                push(events, (arrival, seq, dwi))
+                seq += 1
         ops.append(Op((q, s), kind, (home, m), t, end))
         free_at[wi] = end
         push(events, (end, seq, wi))
@@ -194,13 +199,6 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
 
 
 def collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
-    """ALLREDUCE on every alive worker of stage s at one common start, each followed by OPTIMIZER."""
-    costs = job.costs
-    ar_end = at + costs.allreduce[s]
-    out = []
-    for p in range(job.pipelines):
-        if (p, s) in dead:
-            continue
-        out.append(Op((p, s), "ALLREDUCE", None, at, ar_end))
-        out.append(Op((p, s), "OPTIMIZER", None, ar_end, ar_end + costs.optimizer[s]))
-    return out
+    """Rule 5's ops of stage s on its alive workers, in pipeline order, starting at `at`."""
+    alive = [(p, s) for p in range(job.pipelines) if (p, s) not in dead]
+    return collective_ops(job.costs, s, alive, at)

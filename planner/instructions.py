@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from planner.precedence import fed_by, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op, worker_orders
 
@@ -72,31 +73,29 @@ def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: list[
         if op.microbatch is not None and op.kind in ("F", "B"):
             placement[(op.kind, op.microbatch, op.worker[1])] = op.worker
     peers = [(q, s) for q in range(job.pipelines) if (q, s) not in dead]
-    last = job.stages - 1
+    # Which op feeds which across a stage boundary: the one precedence graph (planner/precedence.py).
+    rule3 = needs(job.costs, job.stages)
+    recv = {k: n for k, n in rule3.items() if n.hop}
+    send = {k: [n for n in feeds if n.hop] for k, feeds in fed_by(rule3).items()}
     out: list[str] = []
     add = out.append
     for op in worker_orders(ops).get(worker, []):
         mb = op.microbatch
-        if op.kind == "F":
-            if s > 0:
-                add(_fragment("RECV", mb, placement[("F", mb, s - 1)], "activation"))
-            add(_fragment("F", mb, start=op.start_ms))
-            if s < last:
-                add(_fragment("SEND", mb, placement[("F", mb, s + 1)], "activation"))
-        elif op.kind == "B":
-            if s < last:
-                add(_fragment("RECV", mb, placement[("B", mb, s + 1)], "gradient"))
-            add(_fragment("B", mb, start=op.start_ms))
-            if s > 0:
-                add(_fragment("SEND", mb, placement[("B", mb, s - 1)], "gradient"))
-        elif op.kind == "W":
-            add(_fragment("W", mb, start=op.start_ms))
-        elif op.kind == "ALLREDUCE":
-            add(_fragment("ALLREDUCE", group=peers, start=op.start_ms))
-        else:
-            add(_fragment("OPTIMIZER", start=op.start_ms))
+        if op.kind in ("ALLREDUCE", "OPTIMIZER"):
+            add(_fragment(op.kind, group=peers if op.kind == "ALLREDUCE" else None, start=op.start_ms))
+            continue
+        need = recv.get((op.kind, s))
+        if need is not None:
+            add(_fragment("RECV", mb, placement[(need.source, mb, need.source_stage)], _TENSOR[need.source]))
+        add(_fragment(op.kind, mb, start=op.start_ms))
+        for n in send.get((op.kind, s), ()):
+            add(_fragment("SEND", mb, placement[(n.kind, mb, n.stage)], _TENSOR[op.kind]))
     return (f'{{"worker":[{p},{s}],"stage_peers":{_pairs(peers)},'
             f'"instructions":[{",".join(out)}]}}').encode()
+
+
+_TENSOR = {"F": Tensor.ACTIVATION.value, "B": Tensor.GRADIENT.value}
+"""What a stage-boundary transfer out of an op of this kind carries."""
 
 
 def _pairs(ws) -> str:

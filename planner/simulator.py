@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.precedence import BARRIER_SOURCE, INPUTS, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op, worker_orders
 
@@ -98,28 +99,23 @@ def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
     srcs += [sync_of_stage[stage[ar]]]
     dsts += [ar]
     delays += [np.zeros(ar.size)]
-    hop_same = np.array([costs.hop_ms(t, False) for t in range(S - 1)] + [0.0])
-    hop_cross = np.array([costs.hop_ms(t, True) for t in range(S - 1)] + [0.0])
-    # Data: F(s-1) -> F(s), B(s+1) -> B(s), last-stage F -> B, B -> W, W -> stage sync.
-    f_next = np.flatnonzero((kind == 0) & (stage > 0))
-    u = lookup(0, f_next, stage[f_next] - 1)
-    hop_stage = stage[f_next] - 1
-    srcs += [u]
-    dsts += [f_next]
-    delays += [np.where(pipe[u] != pipe[f_next], hop_cross[hop_stage], hop_same[hop_stage])]
-    b_last = np.flatnonzero((kind == 1) & (stage == S - 1))
-    srcs += [lookup(0, b_last, stage[b_last])]
-    dsts += [b_last]
-    delays += [np.zeros(b_last.size)]
-    b_mid = np.flatnonzero((kind == 1) & (stage < S - 1))
-    u = lookup(1, b_mid, stage[b_mid] + 1)
-    srcs += [u]
-    dsts += [b_mid]
-    delays += [np.where(pipe[u] != pipe[b_mid], hop_cross[stage[b_mid]], hop_same[stage[b_mid]])]
-    w_ops = np.flatnonzero(kind == 2)
-    srcs += [lookup(1, w_ops, stage[w_ops])]
-    dsts += [w_ops]
-    delays += [np.zeros(w_ops.size)]
+    # Rule 3, one numpy mask per rule of the one precedence graph (planner/precedence.py).
+    rule3 = needs(costs, S)
+    for rule in INPUTS:
+        sel = np.flatnonzero((kind == _KIND_CODE[rule.kind]) & rule.applies(stage, S - 1))
+        src = lookup(_KIND_CODE[rule.source], sel, stage[sel] + rule.offset)
+        srcs += [src]
+        dsts += [sel]
+        if rule.offset:
+            hop = [rule3.get((rule.kind, t)) for t in range(S)]  # None where the rule does not bind
+            hop_same = np.array([0.0 if h is None else h.same_ms for h in hop])
+            hop_cross = np.array([0.0 if h is None else h.cross_ms for h in hop])
+            at = stage[sel]
+            delays += [np.where(pipe[src] != pipe[sel], hop_cross[at], hop_same[at])]
+        else:
+            delays += [np.zeros(sel.size)]
+    # Rule 5: every W of a stage -> the stage's sync node -> its ALLREDUCEs (above).
+    w_ops = np.flatnonzero(kind == _KIND_CODE[BARRIER_SOURCE])
     w_sync = w_ops[sync_of_stage[stage[w_ops]] >= 0]
     srcs += [w_sync]
     dsts += [sync_of_stage[stage[w_sync]]]

@@ -17,9 +17,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from planner.heuristic import collectives
+from planner.precedence import needs
 from planner.routing import Routing
-from planner.spec import JobSpec
-from planner.timeline import Op
+from planner.spec import JobSpec, Worker
+from planner.timeline import Key, Op, Orders
 
 _EPS = 1e-9
 
@@ -43,16 +44,16 @@ class SweepPolicy:
                 f"rot={self.routing_rotation}{fused})")
 
 
-def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> dict[int, list[tuple[str, int]]]:
+def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> Orders:
     """Each alive worker's F/B sequence: warm-up forwards, then B and F in turn, then the last B's."""
     D, S, M = job.pipelines, job.stages, job.microbatches
     costs = job.costs
-    mbs: dict[int, list[tuple[int, int]]] = {}
+    mbs: dict[Worker, list[tuple[int, int]]] = {}
     for home in range(D):
         for m in range(M):
             for s in range(S):
                 q = routing.executor(home, m, s)
-                mbs.setdefault(q * S + s, []).append((m, home))
+                mbs.setdefault((q, s), []).append((m, home))
     # Warm-up depth per stage, non-increasing down the pipeline: a stage that waited for more
     # forwards than its predecessor sends before its own first B would deadlock (Zero Bubble's
     # "stage i runs at least as many F's as stage i+1").
@@ -60,33 +61,22 @@ def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> dict[
     for s in range(S):
         fits = min(costs.fits(s, D * M), *(depth[-1:] or [D * M]))
         depth.append(max(1, min(fits, S - s + policy.warmup_slack)))
-    orders = {}
-    for wi, items in mbs.items():
-        s = wi % S
+    orders: Orders = {}
+    for w, items in mbs.items():
+        s = w[1]
         items.sort()
-        ids = [home * M + m for m, home in items]
+        ids = [(home, m) for m, home in items]
         warmup = min(len(ids), depth[s])
-        seq: list[tuple[str, int]] = [("F", mb) for mb in ids[:warmup]]
+        seq: list[Key] = [("F", *mb, s) for mb in ids[:warmup]]
         for j, mb in enumerate(ids):
-            seq.append(("B", mb))
+            seq.append(("B", *mb, s))
             if warmup + j < len(ids):
-                seq.append(("F", ids[warmup + j]))
-        orders[wi] = seq
+                seq.append(("F", *ids[warmup + j], s))
+        orders[w] = seq
     return orders
 
 
-def orders_of(job: JobSpec, ops: list[Op]) -> dict[int, list[tuple[str, int]]]:
-    """The F/B sequence of each worker in an existing schedule (to re-place its W's exactly)."""
-    S, M = job.stages, job.microbatches
-    orders: dict[int, list[tuple[float, str, int]]] = {}
-    for op in ops:
-        if op.kind in ("F", "B"):
-            wi = op.worker[0] * S + op.worker[1]
-            orders.setdefault(wi, []).append((op.start_ms, op.kind, op.microbatch[0] * M + op.microbatch[1]))
-    return {wi: [(k, mb) for _, k, mb in sorted(seq)] for wi, seq in orders.items()}
-
-
-def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> dict[int, list[tuple[str, int]]]:
+def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orders:
     """Fault-free orders for every alive worker, with each re-routed micro-batch inserted on its peer.
 
     `template` is a one-pipeline fault-free schedule (pipeline 0's ops). Every alive worker keeps that
@@ -95,7 +85,7 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> dict
     neighbours send it when the peer's own pipeline sends index m). The rest of the job keeps its
     optimal rhythm; only the peers absorb the extra work.
     """
-    S, M, D = job.stages, job.microbatches, job.pipelines
+    S, D = job.stages, job.pipelines
     stage_order: dict[int, list[tuple[str, int]]] = {}
     for op in sorted(template, key=lambda o: o.start_ms):
         if op.kind in ("F", "B") and op.worker[0] == 0:
@@ -105,16 +95,16 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> dict
         for kind in ("F", "B"):
             moved.setdefault((q, s, kind, m), []).append(home)
     dead = set(routing.failed)
-    orders: dict[int, list[tuple[str, int]]] = {}
+    orders: Orders = {}
     for q in range(D):
         for s in range(S):
             if (q, s) in dead:
                 continue
-            seq: list[tuple[str, int]] = []
+            seq: list[Key] = []
             for kind, m in stage_order.get(s, []):
-                seq.append((kind, q * M + m))
-                seq.extend((kind, home * M + m) for home in moved.get((q, s, kind, m), ()))
-            orders[q * S + s] = seq
+                seq.append((kind, q, m, s))
+                seq.extend((kind, home, m, s) for home in moved.get((q, s, kind, m), ()))
+            orders[(q, s)] = seq
     return orders
 
 
@@ -122,12 +112,12 @@ def sweep_schedule(
     job: JobSpec,
     routing: Routing,
     policy: SweepPolicy = SweepPolicy(),
-    orders: dict[int, list[tuple[str, int]]] | None = None,
+    orders: Orders | None = None,
 ) -> list[Op] | None:
     """A valid schedule, or None when the fixed orders deadlock (a cycle across workers).
 
-    `orders` (from `orders_of`) replaces the 1F1B orders, e.g. to keep a list schedule's F/B
-    sequence and only re-place its W's with exact gap knowledge.
+    `orders` (e.g. `timeline.orders_of` of a schedule) replaces the 1F1B orders, e.g. to keep a list
+    schedule's F/B sequence and only re-place its W's with exact gap knowledge.
     """
     costs = job.costs
     D, S, M = job.pipelines, job.stages, job.microbatches
@@ -135,7 +125,11 @@ def sweep_schedule(
     act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
     limit = costs.memory_limit_mb + 1e-9
     dead = set(routing.failed)
-    orders = orders if orders is not None else _worker_orders(job, routing, policy)
+    given = orders if orders is not None else _worker_orders(job, routing, policy)
+    # Fast layout for the loop below: worker index wi = p * S + s, micro-batch mb = home * M + m;
+    # W's in the given orders are dropped (they are re-placed here).
+    orders = {p * S + s: [(k, home * M + m) for k, home, m, _ in seq if k != "W"]
+              for (p, s), seq in given.items()}
     pos = dict.fromkeys(orders, 0)
     end_at: dict[tuple[str, int, int], float] = {}  # (kind, mb, stage) -> end time
     where: dict[tuple[int, int], int] = {}  # (mb, stage) -> worker index
@@ -147,28 +141,15 @@ def sweep_schedule(
     pending_w: dict[int, deque] = {wi: deque() for wi in orders}
     ops: list[Op] = []
     overrun = policy.w_overrun
-    # costs.hop_ms(s, cross) read once per stage boundary: [same pipeline, cross-pipeline].
-    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(S - 1)]
+    # What an F or B at stage s waits for, from the one precedence graph (planner/precedence.py):
+    # (source kind, source stage, same-pipeline delay, cross-pipeline delay), or None.
+    rule3 = needs(costs, S)
+    need_f, need_b = ([None if (k, s) not in rule3 else
+                       (rule3[(k, s)].source, rule3[(k, s)].source_stage, rule3[(k, s)].same_ms,
+                        rule3[(k, s)].cross_ms) for s in range(S)] for k in ("F", "B"))
     # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops.
     worker_of = {wi: (wi // S, wi % S) for wi in orders}
     mb_of = [divmod(mb, M) for mb in range(D * M)]
-
-    def arrival(kind: str, mb: int, wi: int) -> float | None:
-        """When the input of op (kind, mb) on worker wi is available; None if not yet placed."""
-        s = wi % S
-        if kind == "F":
-            if s == 0:
-                return 0.0
-            src = end_at.get(("F", mb, s - 1))
-            if src is None:
-                return None
-            return src + hops[s - 1][where[(mb, s - 1)] // S != wi // S]
-        if s == S - 1:
-            return end_at.get(("F", mb, s))
-        src = end_at.get(("B", mb, s + 1))
-        if src is None:
-            return None
-        return src + hops[s][where[(mb, s + 1)] // S != wi // S]
 
     def run_w(wi: int) -> None:
         mb = pending_w[wi].popleft()
@@ -188,11 +169,17 @@ def sweep_schedule(
         while pos[wi] < len(seq):
             kind, mb = seq[pos[wi]]
             s = wi % S
-            at = arrival(kind, mb, wi)
-            if at is None:
-                dep = ("F", mb, s - 1) if kind == "F" else ("F", mb, s) if s == S - 1 else ("B", mb, s + 1)
-                waiting.setdefault(dep, []).append(wi)
-                break
+            need = (need_f if kind == "F" else need_b)[s]
+            if need is None:
+                at = 0.0  # F on stage 0: its input is there from the start
+            else:
+                source, source_stage, same_ms, cross_ms = need
+                dep = (source, mb, source_stage)
+                src = end_at.get(dep)
+                if src is None:  # not placed yet: resume this worker when it is
+                    waiting.setdefault(dep, []).append(wi)
+                    break
+                at = src + (cross_ms if where[(mb, source_stage)] // S != wi // S else same_ms)
             if kind == "F":
                 while mem[wi] + act[s] > limit:
                     if not pending_w[wi]:

@@ -42,6 +42,11 @@ class Op:
     start_ms: float
     end_ms: float
 
+    @property
+    def rerouted(self) -> bool:
+        """Runs a micro-batch whose home pipeline is not this worker's (a failed worker's work)."""
+        return self.microbatch is not None and self.microbatch[0] != self.worker[0]
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "worker": [self.worker[0], self.worker[1]],
@@ -64,7 +69,25 @@ def worker_orders(ops: Sequence[Op]) -> dict[Worker, list[Op]]:
     return dict(orders)
 
 
+Key = tuple[str, int, int, int]
+"""A compute op by what it is, wherever it runs: (kind, home pipeline, micro-batch index, stage)."""
+Orders = dict[Worker, list[Key]]
+"""Each worker's compute ops in execution order: the form in which schedulers hand orders around
+(the contract's period depends only on these orders)."""
+
+
+def orders_of(ops: Sequence[Op]) -> Orders:
+    """Each worker's compute ops in execution order (ALLREDUCE/OPTIMIZER are always last)."""
+    return {
+        w: [(o.kind, o.microbatch[0], o.microbatch[1], w[1]) for o in seq if o.kind in COMPUTE_KINDS]
+        for w, seq in worker_orders(ops).items()
+    }
+
+
 class TimelineOp(BaseModel):
+    """One op as the contract writes it on the wire (parsing and the API schema); the planner's
+    own code uses `Op` (`Timeline.internal_ops`)."""
+
     model_config = ConfigDict(extra="allow")
 
     worker: tuple[int, int]

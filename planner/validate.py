@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from planner.precedence import BARRIER_SOURCE, data_edges, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import COMPUTE_KINDS, Op, worker_orders
 
@@ -102,29 +103,21 @@ def _check_coverage(job, dead, where) -> list[str]:
 
 
 def _check_order(job, where) -> list[str]:
-    costs = job.costs
+    """Rule 3, edge by edge from the one precedence graph (planner/precedence.py)."""
     problems = []
     last = job.stages - 1
-    hops = [(costs.hop_ms(s, False), costs.hop_ms(s, True)) for s in range(last)]  # [same, cross]
-    for (kind, hp, m, s), op in where.items():
-        if kind == "F" and s > 0:
-            prev = where[("F", hp, m, s - 1)]
-            hop = hops[s - 1][prev.worker[0] != op.worker[0]]
-            if op.start_ms + EPS < prev.end_ms + hop:
+    for src, op, delay in data_edges(needs(job.costs, job.stages), where):
+        if op.start_ms + EPS < src.end_ms + delay:
+            hp, m = op.microbatch
+            s = op.worker[1]
+            if op.kind == "F":
                 problems.append(f"rule 3: F of [{hp}, {m}] at stage {s} starts before its input arrives")
-        elif kind == "B":
-            if s == last:
-                if op.start_ms + EPS < where[("F", hp, m, s)].end_ms:
-                    problems.append(f"rule 3: B of [{hp}, {m}] on the last stage starts before its F ends")
+            elif op.kind == "W":
+                problems.append(f"rule 3: W of [{hp}, {m}] at stage {s} starts before its B ends")
+            elif s == last:
+                problems.append(f"rule 3: B of [{hp}, {m}] on the last stage starts before its F ends")
             else:
-                nxt = where[("B", hp, m, s + 1)]
-                hop = hops[s][nxt.worker[0] != op.worker[0]]
-                if op.start_ms + EPS < nxt.end_ms + hop:
-                    problems.append(
-                        f"rule 3: B of [{hp}, {m}] at stage {s} starts before its gradient arrives"
-                    )
-        elif kind == "W" and op.start_ms + EPS < where[("B", hp, m, s)].end_ms:
-            problems.append(f"rule 3: W of [{hp}, {m}] at stage {s} starts before its B ends")
+                problems.append(f"rule 3: B of [{hp}, {m}] at stage {s} starts before its gradient arrives")
     return problems
 
 
@@ -144,9 +137,9 @@ def _check_collectives(job, dead, ops, where) -> list[str]:
     for op in ops:
         if op.kind in ("ALLREDUCE", "OPTIMIZER"):
             by_worker[op.worker][op.kind].append(op)
-    last_w = defaultdict(float)
+    last_w = defaultdict(float)  # per stage, when its last BARRIER_SOURCE op (W) ends
     for (kind, _, _, s), op in where.items():
-        if kind == "W":
+        if kind == BARRIER_SOURCE:
             last_w[s] = max(last_w[s], op.end_ms)
     for s in range(job.stages):
         starts = []

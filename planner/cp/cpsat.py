@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cp.orders import Key, Retimed, orders_of, relabel, retime, steady_state
+from planner.cp.orders import Retimed, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
+from planner.precedence import collective_ops
 from planner.simulator import replay
 from planner.spec import JobSpec, Worker
-from planner.timeline import Op
+from planner.timeline import Key, Op, orders_of
 from planner.validate import validate
 
 FULL_MAX_OPS = 3_000
@@ -85,6 +86,7 @@ def improve(
     *,
     symmetry_breaking: bool = True,
     deterministic_time: float | None = None,
+    fixed_routing: bool = False,
 ) -> CpResult:
     """Search for a plan better than `hint_ops` within `time_limit_s` (model building included).
 
@@ -92,11 +94,13 @@ def improve(
     `deterministic_time`: a reproducible run instead (one search worker, CP-SAT's
     `max_deterministic_time`, the wall limit only a safety cap): the same result on any machine
     and load, unless the cap is hit (then `parameters["wall_cap_hit"]` is True).
+    `fixed_routing=True`: the routing-fixed model whatever the size (the paper-style baseline of
+    evaluation/paper_planner.py keeps its round-robin routing; its bound is then not global).
     """
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS  # complete routing (model.full_routes): the bound is global
+    full = n_ops <= FULL_MAX_OPS and not fixed_routing  # complete routing: the bound is global
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)
@@ -196,8 +200,5 @@ def _model_ops(model, placed: Placed, solver) -> list[Op]:
            for w, seq in placed.items() for t, (k, p, m, s) in seq]
     for w in model.inst.alive_workers:
         s = w[1]
-        at = scale.ms(solver.Value(model.allreduce[s]))
-        ops.append(Op(w, "ALLREDUCE", None, at, at + costs.allreduce[s]))
-        ops.append(Op(w, "OPTIMIZER", None, at + costs.allreduce[s],
-                      at + costs.allreduce[s] + costs.optimizer[s]))
+        ops += collective_ops(costs, s, [w], scale.ms(solver.Value(model.allreduce[s])))
     return ops

@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from planner.cp.orders import Retimed, healthy_pipelines
 from planner.cp.timing import MAX_UNITS, TimeScale
+from planner.precedence import BARRIER_SOURCE, Need, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import COMPUTE_KINDS
 
@@ -39,7 +40,6 @@ class Instance:
     routes: dict[TaskKey, tuple[int, ...]]
     """Candidate executor pipelines per task: (home,) when fixed, the alive peers when re-routed."""
     duration: dict[str, list[int]] = field(init=False)
-    hop: dict[bool, list[int]] = field(init=False)
     memory_cap: list[int | None] = field(init=False)
     """Capacity of a stage-s worker in memory units; None when memory cannot bind."""
     memory_demand: list[tuple[int, int]] = field(init=False)
@@ -53,7 +53,6 @@ class Instance:
         S = self.job.stages
         self.duration = {k: [down(costs.duration(k, s)) for s in range(S)]
                          for k in (*COMPUTE_KINDS, "ALLREDUCE", "OPTIMIZER")}
-        self.hop = {cross: [down(costs.hop_ms(s, cross)) for s in range(S - 1)] for cross in (False, True)}
         most = defaultdict(int)
         for (_, _, s), cands in self.routes.items():
             for q in cands:
@@ -200,20 +199,19 @@ def add_routing(model: Model) -> None:
             model.cp.AddExactlyOne(lits)
 
 
-def _after(model: Model, earlier: Task, earlier_kind: str, later: Task, later_kind: str,
-           lower_stage: int | None) -> None:
-    """`later` starts after `earlier` ends plus the hop between their workers' stages.
+def _after(model: Model, earlier: Task, need: Need, later: Task) -> None:
+    """`later` (op `need.kind`) starts after `earlier` (op `need.source`) ends plus the need's delay.
 
     The hop depends on whether the two executors' pipelines differ; where either end may move we
     post the smallest hop unconditionally (good propagation) and each larger one under the pair of
-    presence literals that selects it.
+    presence literals that selects it. Without a hop both ops share one task's executor.
     """
-    cp, hop = model.cp, model.inst.hop
-    end, start = model.end(earlier, earlier_kind), later.start[later_kind]
-    if lower_stage is None:
+    cp, down = model.cp, model.inst.scale.down
+    end, start = model.end(earlier, need.source), later.start[need.kind]
+    if not need.hop:
         cp.Add(start >= end)
         return
-    delays = {(a, b): hop[a != b][lower_stage] for a in earlier.choice for b in later.choice}
+    delays = {(a, b): down(need.delay(a, b)) for a in earlier.choice for b in later.choice}
     least = min(delays.values())
     cp.Add(start >= end + least)
     for (a, b), delay in delays.items():
@@ -223,16 +221,15 @@ def _after(model: Model, earlier: Task, earlier_kind: str, later: Task, later_ki
 
 
 def add_precedences(model: Model) -> None:
-    """Rule 3: F(s-1) -> F(s), B(s+1) -> B(s) with hops; last-stage F -> B; B -> W."""
-    last = model.inst.job.stages - 1
+    """Rule 3 from the one precedence graph (planner/precedence.py): F(s-1) -> F(s), B(s+1) -> B(s)
+    with hops; last-stage F -> B; B -> W."""
+    job = model.inst.job
+    rule3 = needs(job.costs, job.stages)
     for (p, m, s), task in model.tasks.items():
-        if s > 0:
-            _after(model, model.tasks[(p, m, s - 1)], "F", task, "F", s - 1)
-        if s < last:
-            _after(model, model.tasks[(p, m, s + 1)], "B", task, "B", s)
-        else:
-            _after(model, task, "F", task, "B", None)
-        _after(model, task, "B", task, "W", None)
+        for kind in COMPUTE_KINDS:
+            need = rule3.get((kind, s))
+            if need is not None:
+                _after(model, model.tasks[(p, m, need.source_stage)], need, task)
 
 
 def add_collectives(model: Model) -> None:
@@ -242,7 +239,7 @@ def add_collectives(model: Model) -> None:
     for s in range(inst.job.stages):
         model.allreduce[s] = cp.NewIntVar(0, model.horizon, f"ar{s}")
     for (_, _, s), task in model.tasks.items():
-        cp.Add(model.allreduce[s] >= model.end(task, "W"))
+        cp.Add(model.allreduce[s] >= model.end(task, BARRIER_SOURCE))
     for w in inst.alive_workers:
         s = w[1]
         ar, d_ar = model.allreduce[s], inst.duration["ALLREDUCE"][s]

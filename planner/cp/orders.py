@@ -15,24 +15,13 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from planner.precedence import BARRIER_SOURCE, collective_ops, needs
 from planner.spec import JobSpec, Worker
-from planner.timeline import COMPUTE_KINDS, Op, worker_orders
-
-Key = tuple[str, int, int, int]
-"""A compute op: (kind, home pipeline, micro-batch index, stage)."""
-Orders = dict[Worker, list[Key]]
+from planner.timeline import Key, Op, Orders
 
 
 class OrderCycle(ValueError):
     """The orders deadlock: a worker waits on an op that comes after its own."""
-
-
-def orders_of(ops: Sequence[Op]) -> Orders:
-    """Each worker's compute ops in execution order (ALLREDUCE/OPTIMIZER are always last)."""
-    return {
-        w: [(o.kind, o.microbatch[0], o.microbatch[1], w[1]) for o in seq if o.kind in COMPUTE_KINDS]
-        for w, seq in worker_orders(ops).items()
-    }
 
 
 @dataclass
@@ -49,7 +38,6 @@ class Retimed:
 def retime(job: JobSpec, orders: Orders, ready: dict[Worker, float] | None = None) -> Retimed:
     """Every op as early as rules 3-5 allow, workers free from `ready` (default 0) on."""
     costs = job.costs
-    last_stage = job.stages - 1
     where = {key: w for w, seq in orders.items() for key in seq}
     preds: dict[Key, list[tuple[Key, float]]] = defaultdict(list)
     succs: dict[Key, list[Key]] = defaultdict(list)
@@ -61,18 +49,13 @@ def retime(job: JobSpec, orders: Orders, ready: dict[Worker, float] | None = Non
     for seq in orders.values():
         for u, v in zip(seq, seq[1:], strict=False):
             edge(u, v, 0.0)
+    rule3 = needs(costs, job.stages)  # the one precedence graph (planner/precedence.py)
     for key, w in where.items():
         kind, home, m, s = key
-        if kind == "F" and s > 0:
-            u = ("F", home, m, s - 1)
-            edge(u, key, costs.hop_ms(s - 1, where[u][0] != w[0]))
-        elif kind == "B" and s == last_stage:
-            edge(("F", home, m, s), key, 0.0)
-        elif kind == "B":
-            u = ("B", home, m, s + 1)
-            edge(u, key, costs.hop_ms(s, where[u][0] != w[0]))
-        elif kind == "W":
-            edge(("B", home, m, s), key, 0.0)
+        need = rule3.get((kind, s))
+        if need is not None:
+            u = (need.source, home, m, need.source_stage)
+            edge(u, key, need.delay(where[u][0], w[0]))
 
     ready = ready or {}
     end: dict[Key, float] = {}
@@ -97,14 +80,13 @@ def retime(job: JobSpec, orders: Orders, ready: dict[Worker, float] | None = Non
     for s in sorted({w[1] for w in orders}):
         workers = [w for w in orders if w[1] == s]
         at = max(
-            [end[k] for k in where if k[0] == "W" and k[3] == s]
+            [end[k] for k in where if k[0] == BARRIER_SOURCE and k[3] == s]
             + [end[orders[w][-1]] if orders[w] else ready.get(w, 0.0) for w in workers]
         )
-        ar_end = at + costs.allreduce[s]
-        for w in workers:
-            ops.append(Op(w, "ALLREDUCE", None, at, ar_end))
-            ops.append(Op(w, "OPTIMIZER", None, ar_end, ar_end + costs.optimizer[s]))
-            opt_end[w] = ar_end + costs.optimizer[s]
+        stage_ops = collective_ops(costs, s, workers, at)
+        ops += stage_ops
+        for w, opt in zip(workers, stage_ops[1::2], strict=True):
+            opt_end[w] = opt.end_ms
             first.setdefault(w, at)
     return Retimed(ops, first, opt_end)
 

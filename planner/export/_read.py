@@ -2,42 +2,27 @@
 
 The exporters take the contract dict (stored JSON, or `PlanResult.timeline_json()`) rather than the
 planner's objects, so the API can run them on what it stored. A 32 x 16 x 64 plan has ~100k ops, so
-this reads plain tuples instead of building pydantic models, and reports a malformed op by index.
+this reads the planner's one op type, the light `Op` record, instead of pydantic models, and
+reports a malformed op by index.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-KINDS = ("F", "B", "W", "ALLREDUCE", "OPTIMIZER")
-COMPUTE = frozenset(("F", "B", "W"))
+from planner.timeline import COMPUTE_KINDS, Op, OpKind
 
-
-class PlanOp(NamedTuple):
-    pipeline: int
-    stage: int
-    kind: str
-    home: int | None
-    """Home pipeline of the micro-batch (F/B/W), else None."""
-    index: int | None
-    """Micro-batch index within its home pipeline (F/B/W), else None."""
-    start_ms: float
-    end_ms: float
-
-    @property
-    def rerouted(self) -> bool:
-        """Runs a micro-batch whose home pipeline is not this worker's (a failed worker's work)."""
-        return self.home is not None and self.home != self.pipeline
+KINDS = tuple(k.value for k in OpKind)
 
 
-def read_ops(timeline: Any) -> list[PlanOp]:
-    """The timeline's ops as tuples; ValueError names the first malformed op."""
+def read_ops(timeline: Any) -> list[Op]:
+    """The timeline's ops as the planner's own `Op`; ValueError names the first malformed op."""
     if not isinstance(timeline, dict):
         raise ValueError("timeline: expected a JSON object (recycle.timeline/v1)")
     ops = timeline.get("ops")
     if not isinstance(ops, list):
         raise ValueError("timeline.ops: expected a list of ops")
-    out: list[PlanOp] = []
+    out: list[Op] = []
     append = out.append
     for i, op in enumerate(ops):
         try:
@@ -50,20 +35,20 @@ def read_ops(timeline: Any) -> list[PlanOp]:
             raise ValueError(f"timeline.ops[{i}]: malformed op {op!r} ({exc})") from None
         if kind not in KINDS:
             raise ValueError(f"timeline.ops[{i}]: unknown kind {kind!r} (expected one of {KINDS})")
-        if kind in COMPUTE and home is None:
+        if kind in COMPUTE_KINDS and home is None:
             raise ValueError(f"timeline.ops[{i}]: {kind} op without a microbatch")
-        append(PlanOp(int(p), int(s), kind, home, index, start, end))
+        append(Op((int(p), int(s)), kind, None if home is None else (home, index), start, end))
     return out
 
 
-def grid_size(timeline: dict[str, Any], ops: list[PlanOp]) -> tuple[int, int]:
+def grid_size(timeline: dict[str, Any], ops: list[Op]) -> tuple[int, int]:
     """(pipelines, stages) from the job spec, or from the ops when the job lacks them."""
     job = timeline.get("job") if isinstance(timeline.get("job"), dict) else {}
     pipelines = job.get("pipelines")
     stages = job.get("stages")
     if not isinstance(pipelines, int) or not isinstance(stages, int):
-        pipelines = 1 + max((o.pipeline for o in ops), default=0)
-        stages = 1 + max((o.stage for o in ops), default=0)
+        pipelines = 1 + max((o.worker[0] for o in ops), default=0)
+        stages = 1 + max((o.worker[1] for o in ops), default=0)
     return pipelines, stages
 
 

@@ -29,7 +29,7 @@ def chrome_trace(timeline: dict[str, Any]) -> dict[str, Any]:
     ops = read_ops(timeline)
     pipelines, stages = grid_size(timeline, ops)
     dead = set(failed_workers(timeline))
-    workers = sorted({(o.pipeline, o.stage) for o in ops} | dead)
+    workers = sorted({o.worker for o in ops} | dead)
     events: list[dict[str, Any]] = []
     for p in sorted({w[0] for w in workers}):
         events.append({"name": "process_name", "ph": "M", "pid": p, "tid": 0,
@@ -41,14 +41,14 @@ def chrome_trace(timeline: dict[str, Any]) -> dict[str, Any]:
         events.append({"name": "thread_name", "ph": "M", "pid": p, "tid": s, "args": {"name": label}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": s,
                        "args": {"sort_index": s}})
-    for op in sorted(ops, key=lambda o: (o.start_ms, o.pipeline, o.stage)):
-        args: dict[str, Any] = {"worker": [op.pipeline, op.stage]}
-        if op.home is None:
+    for op in sorted(ops, key=lambda o: (o.start_ms, o.worker)):
+        args: dict[str, Any] = {"worker": list(op.worker)}
+        if op.microbatch is None:
             name, cat = op.kind, op.kind
         else:
-            name = f"{op.kind} {op.home}.{op.index}"
+            name = f"{op.kind} {op.microbatch[0]}.{op.microbatch[1]}"
             cat = f"{op.kind},rerouted" if op.rerouted else op.kind
-            args["microbatch"] = [op.home, op.index]
+            args["microbatch"] = list(op.microbatch)
             args["rerouted"] = op.rerouted
         events.append({
             "name": name,
@@ -56,8 +56,8 @@ def chrome_trace(timeline: dict[str, Any]) -> dict[str, Any]:
             "ph": "X",
             "ts": round(op.start_ms * _US_PER_MS, 3),
             "dur": round((op.end_ms - op.start_ms) * _US_PER_MS, 3),
-            "pid": op.pipeline,
-            "tid": op.stage,
+            "pid": op.worker[0],
+            "tid": op.worker[1],
             "cname": KIND_CNAME[op.kind],
             "args": args,
         })

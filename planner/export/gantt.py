@@ -48,9 +48,9 @@ def gantt_png(timeline: dict[str, Any], width_px: int = 1600) -> bytes:
     rows = [(p, s) for p in range(pipelines) for s in range(stages)]
     row_of = {w: i for i, w in enumerate(rows)}
     for op in ops:  # a worker outside the job's grid still gets a row rather than an error
-        if (op.pipeline, op.stage) not in row_of:
-            row_of[(op.pipeline, op.stage)] = len(rows)
-            rows.append((op.pipeline, op.stage))
+        if op.worker not in row_of:
+            row_of[op.worker] = len(rows)
+            rows.append(op.worker)
     n_rows = len(rows)
     row_px = max(2.0, min(18.0, 2400.0 / n_rows))
     height_px = min(_MAX_HEIGHT_PX, max(_MIN_HEIGHT_PX, int(n_rows * row_px) + 170))
@@ -69,7 +69,7 @@ def gantt_png(timeline: dict[str, Any], width_px: int = 1600) -> bytes:
     groups: dict[tuple[str, bool], list[tuple[int, float, float]]] = {}
     for op in ops:
         groups.setdefault((op.kind, op.rerouted), []).append(
-            (row_of[(op.pipeline, op.stage)], op.start_ms, op.end_ms))
+            (row_of[op.worker], op.start_ms, op.end_ms))
     thin_edges = len(ops) <= 20_000
     for (kind, rerouted), rects in sorted(groups.items()):
         a = np.asarray(rects, dtype=float)

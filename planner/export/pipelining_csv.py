@@ -34,17 +34,18 @@ def pipelining_csv(timeline: dict[str, Any]) -> str:
     _, stages = grid_size(timeline, ops)
     rows: list[list[tuple[float, float, int, str]]] = [[] for _ in range(stages)]
     for op in ops:
-        if op.pipeline != 0 or op.home is None:
+        if op.worker[0] != 0 or op.microbatch is None:
             continue
-        if op.home != 0:
+        stage, (home, index) = op.worker[1], op.microbatch
+        if home != 0:
             raise ValueError(
-                f"pipelining CSV: worker [0, {op.stage}] runs micro-batch [{op.home}, {op.index}] of "
+                f"pipelining CSV: worker [0, {stage}] runs micro-batch [{home}, {index}] of "
                 "another pipeline, which a fault-free plan never does"
             )
-        if not 0 <= op.stage < stages:
-            raise ValueError(f"pipelining CSV: op on stage {op.stage}, outside 0..{stages - 1}")
-        cell = f"{op.stage}{TORCH_ACTION[op.kind]}{op.index}"
-        rows[op.stage].append((op.start_ms, op.end_ms, _ORDER[op.kind], cell))
+        if not 0 <= stage < stages:
+            raise ValueError(f"pipelining CSV: op on stage {stage}, outside 0..{stages - 1}")
+        cell = f"{stage}{TORCH_ACTION[op.kind]}{index}"
+        rows[stage].append((op.start_ms, op.end_ms, _ORDER[op.kind], cell))
     for stage, row in enumerate(rows):
         if not row:
             raise ValueError(f"pipelining CSV: pipeline 0 has no compute ops at stage {stage}")

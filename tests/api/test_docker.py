@@ -117,4 +117,8 @@ def test_compose_runs_one_recycle_worker_per_container_for_every_place_of_the_su
         places.append((rank // S, rank % S))
         assert name == f"worker-{rank // S}-{rank % S}"
         assert svc["restart"] == "on-failure"  # and a restarted worker rejoins by itself
+        # Scoped credentials: the job's worker token from the file submit writes, no admin token.
+        assert env.get("RECYCLE_TOKEN_FILE") == submit.worker_token_file, f"{name}: worker token file"
+        assert not any("RECYCLE_API_TOKEN" in str(v) for v in env.values()), f"{name}: holds the admin token"
+        assert "RECYCLE_TOKEN" not in env, f"{name}: a bearer token other than the job's worker token"
     assert sorted(places) == [(p, s) for p in range(D) for s in range(S)]

@@ -119,3 +119,28 @@ def test_hung_worker_is_detected_by_heartbeat(service, reference):
     assert_same(run.losses, run.stage_parameters, reference(2, 2, 4))
     assert run.generations[-1]["failed"] == [[1, 1]]
     assert "missed heartbeats" in run.generations[-1]["reason"]
+
+
+@pytest.mark.parametrize("at", [2, 30], ids=["mid-run", "last-iteration"])
+def test_a_live_worker_declared_failed_rejoins_by_itself(service, reference, at):
+    """An operator's report (final, unlike a peer's suspicion) excludes 1:1 while it is alive and
+    training: it must drop its state, rejoin, get the stage's parameters from 0:1, and the run
+    must stay exact - no process restart, no iteration lost or counted twice. At the last
+    iteration the report races the end of training: some workers may already have finished and
+    left, and the others must still finish rather than wait for them to come back."""
+    client = ServiceClient(service.url)
+    cluster = live(service, 2, 2, 30)  # ~0.1 s an iteration: the report lands well inside the run
+    reported = []
+
+    def exclude_once(completed: int) -> None:
+        if completed >= at and not reported:
+            client.report_failure(cluster.job_id, (1, 1), "operator: drained for maintenance")
+            reported.append(completed)
+
+    run = cluster.run(progress=exclude_once)
+    assert reported, f"training never reached iteration {at}"
+    assert_same(run.losses, run.stage_parameters, reference(2, 2, 30))
+    if at < 30:
+        reasons = [g["reason"] for g in run.generations]
+        assert any("reported failed" in r for r in reasons) and "rejoined" in reasons[-1], reasons
+        assert run.generations[-1]["failed"] == []

@@ -11,12 +11,13 @@ import pytest
 
 from planner.bounds import lower_bound
 from planner.cp import cpsat
-from planner.cp.orders import orders_of, relabel, retime, steady_state
+from planner.cp.orders import relabel, retime, steady_state
 from planner.cp.timing import choose_scale
 from planner.failures import normalize
 from planner.simulator import replay
 from planner.solve import best_heuristic, plan
 from planner.spec import JobSpec
+from planner.timeline import orders_of
 from planner.validate import peak_memory, validate
 
 pytestmark = pytest.mark.timeout(120)

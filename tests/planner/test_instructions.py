@@ -52,6 +52,20 @@ def test_every_transfer_names_the_worker_that_runs_the_other_end(result):
     assert moved > 0  # the failed worker's micro-batches cross pipelines
 
 
+def test_every_stage_boundary_is_one_send_matched_by_one_recv(result):
+    """Each micro-batch crosses S - 1 boundaries forwards (activation) and S - 1 backwards
+    (gradient): 2 x D x M x (S - 1) transfers, each a SEND on one end and a RECV on the other."""
+    sends, recvs = [], []
+    for worker in alive_workers():
+        for ins in instruction_stream(JOB, result.failed, result.ops, worker).instructions:
+            if ins.op == "SEND":
+                sends.append((worker, ins.peer, ins.microbatch, ins.tensor))
+            elif ins.op == "RECV":
+                recvs.append((ins.peer, worker, ins.microbatch, ins.tensor))
+    assert len(sends) == 2 * JOB.pipelines * JOB.microbatches * (JOB.stages - 1)
+    assert sorted(sends) == sorted(recvs)
+
+
 def test_json_fast_path_equals_the_pydantic_model(result):
     for worker in alive_workers():
         model = instruction_stream(JOB, result.failed, result.ops, worker)

@@ -1,0 +1,217 @@
+"""Zero Bubble's automatic-schedule greedy (ZB-1p / ZB-2p), re-implemented as a fault-free candidate.
+
+The rules are those of Zero Bubble's heuristic (Qi et al., ICLR 2024; `Graph.manual_order` in their
+repository, ported verbatim for comparison in benchmarks/zb_reference/). Having the same rules in
+the portfolio makes the planner's fault-free plan never slower than ZB's heuristic, by construction
+(benchmarks/vs_zero_bubble.py checks it on the paper's profiles). Differences, all generalisations:
+per-stage hop delays (`p2p_ms` per stage instead of one `comm`), explicit start times, and a
+schedule that would need an op before its input was placed returns None instead of a wrong time.
+
+The greedy, per micro-batch index i, over all stages at once:
+- i = 0: one F per stage; then, from the last stage up, as many extra F's as fit (memory) before
+  the first B can arrive (variant `bubble_before_first_b`: also the one F that ends after it),
+  made strictly decreasing down the pipeline; then the first B of every stage, last stage first.
+- i > 0: each stage that still has forwards runs one more F, unless (variant `prioritize_b`) it
+  is two or more F's ahead of the next stage and an F now would delay the next stage's B; a stage
+  runs no F unless the next one does. Before each F (and each B), W's fill the wait for the input:
+  every W that ends before the input arrives, W's forced in while the F does not fit memory, and one
+  more W that overruns the arrival when the idle time would be no worse than the most idle stage's
+  so far (variant `no_bubble_greedy`) or always when it is worse. Then the B of index i, last stage
+  first; stage 0 drains its W's before its last B.
+- Finally every stage runs its remaining W's.
+Our one extension, `early_stages` (see `EARLY_STAGE_SHARES`), adds a forward to the warm-up of the
+first stages; with it 0 the schedule is ZB's.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from planner.heuristic import collectives
+from planner.spec import JobSpec
+from planner.timeline import Op
+from planner.validate import validate
+
+VARIANTS = list(product((True, False), repeat=3))
+"""(bubble_before_first_b, prioritize_b, no_bubble_greedy): ZB tries all eight."""
+EARLY_STAGE_SHARES = (0.25, 0.5, 0.75)
+"""Our extension. ZB's warm-up stops a stage's forwards where the next would end after its first
+B arrives, so stage s idles (S - 1 - s) x (2 hops + B - F) before that B (measured: 5.32 ms at
+stage 0 of the 6.2B profile at twice 1F1B memory, the whole of ZB-2p's 0.0028 bubble). One more
+forward on the first k stages, memory permitting, fills that wait; the idle moves to stage k, so
+k = S/2 halves the largest (6.2B 2p, W share 0.5: 1901.32 -> 1898.28 ms; 14.6B: 1478.70 -> 1473.42)."""
+
+
+class _Stuck(Exception):
+    """An op's input was not placed yet, or memory cannot be freed: no schedule from this variant."""
+
+
+class _Greedy:
+    def __init__(self, job: JobSpec):
+        c = job.costs
+        self.S, self.M = job.stages, job.microbatches
+        self.dur = {"F": c.forward, "B": c.backward_input, "W": c.backward_weight}
+        # Memory change when the op is placed: F takes act, B frees act - act_w, W frees act_w.
+        self.mem_delta = {"F": list(c.activation),
+                          "B": [aw - a for a, aw in zip(c.activation, c.activation_w, strict=True)],
+                          "W": [-aw for aw in c.activation_w]}
+        self.limit = c.memory_limit_mb + 1e-9
+        self.hop = [c.hop_ms(s, False) for s in range(self.S - 1)]
+        S, M = self.S, self.M
+        self.count = {k: [0] * S for k in "FBW"}
+        self.free = [0.0] * S
+        self.mem = [0.0] * S
+        self.idle = [0.0] * S
+        self.end = {k: [[None] * M for _ in range(S)] for k in "FB"}
+        self.ops: list[tuple[int, str, int, float, float]] = []
+
+    def arrival(self, kind: str, s: int, i: int) -> float:
+        """When the input of op (kind, micro-batch i) reaches stage s."""
+        if kind == "F" and s > 0:
+            src = self.end["F"][s - 1][i]
+            hop = self.hop[s - 1]
+        elif kind == "B" and s < self.S - 1:
+            src = self.end["B"][s + 1][i]
+            hop = self.hop[s]
+        else:
+            return 0.0  # stage 0's F, the last stage's B (its F ran earlier on the same worker)
+        if src is None:
+            raise _Stuck
+        return src + hop
+
+    def put(self, s: int, kind: str) -> None:
+        i = self.count[kind][s]
+        ready = self.free[s] if kind == "W" else max(self.free[s], self.arrival(kind, s, i))
+        if self.count["F"][s] > 0:
+            self.idle[s] += ready - self.free[s]
+        end = ready + self.dur[kind][s]
+        self.ops.append((s, kind, i, ready, end))
+        self.free[s] = end
+        self.mem[s] += self.mem_delta[kind][s]
+        if kind != "W":
+            self.end[kind][s][i] = end
+        self.count[kind][s] += 1
+
+    def w_left(self, s: int) -> bool:
+        return self.count["W"][s] < self.count["B"][s]
+
+    def make_room(self, s: int, kind: str) -> None:
+        while self.mem[s] + self.mem_delta[kind][s] > self.limit:
+            if not self.w_left(s):
+                raise _Stuck
+            self.put(s, "W")
+
+    def fill_before(self, s: int, at: float, no_bubble_greedy: bool) -> None:
+        """W's in the wait for an input arriving at `at` (see the module docstring)."""
+        w = self.dur["W"][s]
+        while self.w_left(s) and self.free[s] + w <= at:
+            self.put(s, "W")
+        if self.w_left(s) and self.free[s] < at and (
+                no_bubble_greedy or at - self.free[s] > max(self.idle) - self.idle[s]):
+            self.put(s, "W")
+
+    def warmup(self, bubble_before_first_b: bool, early_stages: int = 0) -> None:
+        S, M, F, B = self.S, self.M, self.dur["F"], self.dur["B"]
+        for s in range(S):
+            self.put(s, "F")
+        extra = [0] * S
+        last = 0.0
+        for s in range(S - 1, -1, -1):
+            if s == S - 1:
+                last = self.end["F"][s][0] + B[s]
+                continue
+            mem, t, due = self.mem[s], self.free[s], last + self.hop[s]
+            while self.count["F"][s] + extra[s] < M and mem + self.mem_delta["F"][s] <= self.limit:
+                if (t + F[s] > due) if bubble_before_first_b else (t >= due):
+                    break
+                mem += self.mem_delta["F"][s]
+                t += F[s]
+                extra[s] += 1
+            last = max(t, due) + B[s]
+        for s in range(1, S):
+            while extra[s] > 0 and extra[s] >= extra[s - 1] and self.count["F"][s] + extra[s] < M:
+                extra[s] -= 1
+        for s in range(min(early_stages, S - 1)):  # our extension (ZB: early_stages = 0)
+            if self.count["F"][s] + extra[s] + 1 > M or \
+                    self.mem[s] + (extra[s] + 1) * self.mem_delta["F"][s] > self.limit:
+                break  # a prefix only: the warm-ups stay strictly decreasing down the pipeline
+            extra[s] += 1
+        for s in range(S):
+            for _ in range(extra[s]):
+                self.put(s, "F")
+        for s in range(S - 1, -1, -1):
+            self.put(s, "B")
+
+    def wants_forward(self, s: int, prioritize_b: bool) -> bool:
+        F, B, W = self.dur["F"], self.dur["B"], self.dur["W"]
+        nf = self.count["F"]
+        if nf[s] >= self.M:
+            return False
+        if not (prioritize_b and s + 1 < self.S and nf[s] >= nf[s + 1] + 2):
+            return True
+        next_b_due = self.free[s + 1] + F[s + 1] + B[s + 1] + self.hop[s]
+        if self.free[s] >= next_b_due:
+            return False
+        forced_w, mem, n = 0.0, self.mem[s] + self.mem_delta["F"][s], 0
+        while mem > self.limit and self.count["W"][s] + n < self.count["B"][s]:
+            forced_w += W[s]
+            mem += self.mem_delta["W"][s]
+            n += 1
+        if self.free[s] + F[s] + forced_w <= next_b_due:
+            return True
+        return next_b_due - self.free[s] > max(self.idle) - self.idle[s]
+
+    def step(self, i: int, prioritize_b: bool, no_bubble_greedy: bool) -> None:
+        S = self.S
+        run_f = [self.wants_forward(s, prioritize_b) for s in range(S)]
+        for s in range(S - 2, -1, -1):
+            run_f[s] = run_f[s] and run_f[s + 1]
+        for s in range(S):
+            if run_f[s]:
+                self.make_room(s, "F")
+                if s > 0:
+                    self.fill_before(s, self.arrival("F", s, self.count["F"][s]), no_bubble_greedy)
+                self.put(s, "F")
+        for s in range(S - 1, -1, -1):
+            self.make_room(s, "B")
+            if s + 1 < S:
+                self.fill_before(s, self.arrival("B", s, i), no_bubble_greedy)
+            if s == 0 and self.count["F"][s] == self.M:
+                while self.w_left(s):
+                    self.put(s, "W")
+            self.put(s, "B")
+
+
+def zb_greedy_schedule(job: JobSpec, bubble_before_first_b: bool, prioritize_b: bool,
+                       no_bubble_greedy: bool, early_stages: int = 0) -> list[Op] | None:
+    """One variant's schedule of a job without failures (every pipeline the same), or None.
+    `early_stages` > 0 is our extension (see `EARLY_STAGE_SHARES`); 0 is ZB's heuristic."""
+    g = _Greedy(job)
+    try:
+        g.warmup(bubble_before_first_b, early_stages)
+        for i in range(1, job.microbatches):
+            g.step(i, prioritize_b, no_bubble_greedy)
+        for s in range(job.stages):
+            while g.count["W"][s] < job.microbatches:
+                g.put(s, "W")
+    except _Stuck:
+        return None
+    if any(n != job.microbatches for k in "FB" for n in g.count[k]):
+        return None  # stage s ran out of forwards before the others (m < p corner cases)
+    ops = [Op((p, s), kind, (p, i), start, end)
+           for p in range(job.pipelines) for s, kind, i, start, end in g.ops]
+    for s in range(job.stages):
+        ops.extend(collectives(job, s, set(), g.free[s]))
+    # ZB places the first F of every stage without a memory check: a limit below one micro-batch's
+    # activation (or rounding at the limit) must not reach the planner as a valid-looking schedule.
+    return None if validate(job, (), ops) else ops
+
+
+def zb_greedy_candidates(job: JobSpec):
+    """(schedule or None, name) for ZB's eight variants (early = 0), each also with the first
+    `share x S` stages running one more warm-up forward (distinct counts only)."""
+    counts = sorted({0} | {max(1, int(share * job.stages)) for share in EARLY_STAGE_SHARES} - {job.stages})
+    for early in counts:
+        for variant in VARIANTS:
+            flags = "first_b_bubble={},prioritize_b={},no_bubble_greedy={}".format(*map(int, variant))
+            yield zb_greedy_schedule(job, *variant, early_stages=early), f"zb-greedy({flags},early={early})"
