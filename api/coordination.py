@@ -145,7 +145,9 @@ class Coordinator:
             m.suspects.clear()  # reports were about the old generation's groups
             m.changed_at = time.monotonic()
         m.failed = tuple(sorted(set(failed)))
-        m.reason, m.iteration_ms = cause, None
+        # Until its plan is known the generation is solving: a reader between here and the plan
+        # lookup's await would otherwise see the new failures with the old plan, running.
+        m.reason, m.iteration_ms, m.status, m.plan_id = cause, None, "solving", None
         lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
         if lost:
             # Not the end of the job: a worker that rejoins such a stage brings it back, and every
@@ -204,9 +206,10 @@ class Coordinator:
                                                 "status": m.status})
             m.notify()
 
-    async def _change(self, m: Membership, failed: set[Worker], cause: str) -> None:
-        async with m.lock:
-            if set(failed) == set(m.failed):
+    async def _change(self, m: Membership, add: set[Worker], remove: set[Worker], cause: str) -> None:
+        async with m.lock:  # the set is computed here: one taken before waiting would undo others'
+            failed = (set(m.failed) | add) - remove
+            if failed == set(m.failed):
                 return
             await self._settle(m, tuple(failed), cause, bump=True)
             log.info("generation changed", extra={"job_id": m.job.id, "generation": m.generation,
@@ -257,7 +260,7 @@ class Coordinator:
                           field="reporter" if what == "reporter" else "worker")
 
     async def report_failure(self, job: JobRow, worker: Worker, reporter: Worker | None,
-                             reason: str | None, caller: Caller) -> dict:
+                             reason: str | None, caller: Caller, generation: int | None = None) -> dict:
         self.check_worker(job, worker)
         if reporter is not None:
             self.check_worker(job, reporter, "reporter")
@@ -267,6 +270,8 @@ class Coordinator:
         m = await self.membership(job)
         if reporter is not None:
             self._check_reporter(m, caller, reporter, "reporter")
+        if generation is not None and generation < m.generation:
+            return self._state(m, worker)  # about an older generation's groups: already replanned
         seen = m.last_seen.get(worker)
         fresh = seen is not None and time.monotonic() - seen < 1.5 * self.settings.heartbeat_interval_s
         if reporter is not None and reporter != worker and fresh and worker not in m.failed:
@@ -281,7 +286,7 @@ class Coordinator:
             return self._state(m, worker)
         if worker not in m.failed:
             by = f" by {list(reporter)}" if reporter else ""
-            await self._change(m, set(m.failed) | {worker}, f"worker {list(worker)} reported failed{by}"
+            await self._change(m, {worker}, set(), f"worker {list(worker)} reported failed{by}"
                                + (f": {reason}" if reason else ""))
         return self._state(m, worker)
 
@@ -293,7 +298,7 @@ class Coordinator:
             raise Problem(409, f"worker {list(worker)} is not in the failure set of generation "
                           f"{m.generation}; nothing to rejoin", field="worker")
         m.last_seen[worker] = time.monotonic()
-        await self._change(m, set(m.failed) - {worker}, f"worker {list(worker)} rejoined")
+        await self._change(m, set(), {worker}, f"worker {list(worker)} rejoined")
         return self._state(m, worker)
 
     def _state(self, m: Membership, worker: Worker | None = None) -> dict:
@@ -385,7 +390,7 @@ class Coordinator:
                 lost, cause = lost_workers(m, self.settings, time.monotonic())
                 if lost:
                     try:
-                        await self._change(m, set(m.failed) | lost, cause)
+                        await self._change(m, lost, set(), cause)
                     except Exception as exc:  # keep watching the other jobs
                         log.error("watchdog transition failed", exc_info=exc, extra={"job_id": m.job.id})
                 self._publish(m)

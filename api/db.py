@@ -104,11 +104,12 @@ registrations = Table(
 )
 
 # POST /v1/jobs with an `Idempotency-Key`: the key, the job it created and a hash of the request, so a
-# retry (same key, same body) answers the same job and a reuse with another body is refused.
+# retry (same key, same body) answers the same job and a reuse with another body is refused. No
+# foreign key (schema v7): a key outlives its job's delete, so a late retry cannot make a second job.
 idempotency_keys = Table(
     "idempotency_keys", metadata,
     Column("key", String(255), primary_key=True),
-    Column("job_id", String(32), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", String(32), nullable=False),
     Column("request_sha256", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
 )
@@ -140,18 +141,23 @@ def _v2_indexes(conn: Connection) -> None:
     _index(conn, "ix_operations_job", "operations", "job_id")
 
 
+def _rebuild(conn: Connection, table: Table, columns_ddl: str, index: str) -> None:
+    """Re-create `table` from `columns_ddl` with its rows and its job_id index (portable: SQLite
+    cannot drop a constraint, so dropping a foreign key is a rebuild)."""
+    conn.execute(text(f"CREATE TABLE {table.name}_new ({columns_ddl})"))
+    columns = ", ".join(c.name for c in table.columns)
+    conn.execute(text(f"INSERT INTO {table.name}_new ({columns}) SELECT {columns} FROM {table.name}"))
+    conn.execute(text(f"DROP TABLE {table.name}"))
+    conn.execute(text(f"ALTER TABLE {table.name}_new RENAME TO {table.name}"))
+    _index(conn, index, table.name, "job_id")
+
+
 def _v3_operations_outlive_jobs(conn: Connection) -> None:
-    """Rebuild `operations` without its foreign key (portable: SQLite cannot drop a constraint)."""
-    conn.execute(text(
-        "CREATE TABLE operations_v3 (id VARCHAR(32) NOT NULL PRIMARY KEY, job_id VARCHAR(32) NOT NULL, "
-        "kind VARCHAR(32) NOT NULL, max_failures INTEGER NOT NULL, status VARCHAR(16) NOT NULL, "
-        "total INTEGER NOT NULL, done INTEGER NOT NULL, error TEXT, created_at FLOAT NOT NULL, "
-        "updated_at FLOAT NOT NULL)"))
-    columns = ", ".join(c.name for c in operations.columns)
-    conn.execute(text(f"INSERT INTO operations_v3 ({columns}) SELECT {columns} FROM operations"))
-    conn.execute(text("DROP TABLE operations"))
-    conn.execute(text("ALTER TABLE operations_v3 RENAME TO operations"))
-    _index(conn, "ix_operations_job", "operations", "job_id")
+    """Rebuild `operations` without its foreign key."""
+    _rebuild(conn, operations, "id VARCHAR(32) NOT NULL PRIMARY KEY, job_id VARCHAR(32) NOT NULL, "
+             "kind VARCHAR(32) NOT NULL, max_failures INTEGER NOT NULL, status VARCHAR(16) NOT NULL, "
+             "total INTEGER NOT NULL, done INTEGER NOT NULL, error TEXT, created_at FLOAT NOT NULL, "
+             "updated_at FLOAT NOT NULL", "ix_operations_job")
 
 
 def _v4_idempotency_keys(conn: Connection) -> None:
@@ -169,9 +175,16 @@ def _v6_rendezvous(conn: Connection) -> None:
     metadata.create_all(conn, tables=[rendezvous])
 
 
+def _v7_keys_outlive_jobs(conn: Connection) -> None:
+    """Rebuild `idempotency_keys` without its foreign key: a deleted job's key stays bound to it, so
+    a retry arriving after the delete is refused, not a new job."""
+    _rebuild(conn, idempotency_keys, "key VARCHAR(255) NOT NULL PRIMARY KEY, job_id VARCHAR(32) NOT NULL, "
+             "request_sha256 VARCHAR(64) NOT NULL, created_at FLOAT NOT NULL", "ix_idempotency_job")
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1_initial), (2, _v2_indexes), (3, _v3_operations_outlive_jobs), (4, _v4_idempotency_keys),
-    (5, _v5_registration_sessions), (6, _v6_rendezvous)]
+    (5, _v5_registration_sessions), (6, _v6_rendezvous), (7, _v7_keys_outlive_jobs)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from api import logs, problems
+from api import logs, openapi, problems
 from api.coordination import Coordinator
 from api.db import make_engine, migrate
 from api.deps import Authorized, Services, get_caller
@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
     )
     problems.install(app)
+    openapi.install(app)
     app.include_router(ops.health_router)
     app.include_router(ops.metrics_router)
     unavailable = {503: {"model": problems.ProblemDocument, "content": {problems.PROBLEM_MEDIA_TYPE: {}},

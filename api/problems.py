@@ -7,6 +7,7 @@ Each document has `type`, `title`, `status`, `detail` and, where one field is to
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,12 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import logs
 from api.solve_queue import QueueFull
-from api.store import JobGone, KeyReused
+from api.store import JobGone, KeyJobDeleted, KeyReused
 from planner.spec import SpecError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-           405: "Method not allowed", 409: "Conflict", 413: "Request too large",
+           405: "Method not allowed", 409: "Conflict", 410: "Gone", 413: "Request too large",
            415: "Unsupported media type",
            422: "Unprocessable request", 500: "Internal error", 501: "Not implemented",
            503: "Service unavailable"}
@@ -91,6 +92,15 @@ def _message_field(msg: str) -> str | None:
     return head.split("[", 1)[0] if ":" in msg and head and " " not in head else None
 
 
+def _documented_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the OpenAPI document gives `path` (Starlette's own `Allow` names only the first
+    route of a path, and a path has one route per method)."""
+    for template, operations in app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), path):
+            return sorted(method.upper() for method in operations)
+    return []
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> Response:
@@ -112,6 +122,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(KeyReused)
     async def _reused(request: Request, exc: KeyReused) -> Response:
         return problem_response(422, str(exc), request.url.path, "Idempotency-Key")
+
+    @app.exception_handler(KeyJobDeleted)
+    async def _key_gone(request: Request, exc: KeyJobDeleted) -> Response:
+        return problem_response(410, str(exc), request.url.path, "Idempotency-Key")
 
     async def _database(request: Request, exc: Exception) -> Response:
         """The database is unreachable, locked or out of connections: a temporary condition."""
@@ -147,8 +161,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        return problem_response(exc.status_code, str(exc.detail), request.url.path,
-                                headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_documented_methods(request.app, request.url.path))
+        return problem_response(exc.status_code, str(exc.detail), request.url.path, headers=headers)
     # Unexpected errors are answered by `api.middleware.ContainErrors`: a handler for `Exception`
     # here would run in Starlette's ServerErrorMiddleware, which re-raises after answering, and
     # uvicorn then closes the keep-alive connection (a client retrying after the reset may repeat

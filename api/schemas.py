@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from planner.instructions import InstructionStream
 
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 4.0 is the integer 4 (as JSON Schema says). Only that is let
+    through to the strict int check; "4", true and 4.5 are still refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 # Request fields are strict (no "4" -> 4, no true -> 1): a client bug surfaces as a 422 naming the
 # field instead of a silently different request. JSON lists still read as tuples.
-WorkerRef = tuple[StrictInt, StrictInt]
+JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
+WorkerRef = tuple[JsonInt, JsonInt]
 
 
 class JobOut(BaseModel):
@@ -60,7 +68,7 @@ class PlanSummary(BaseModel):
 class PrecomputeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_failures: StrictInt = Field(ge=0, le=64, description="Plan every failure class of up to k workers.")
+    max_failures: JsonInt = Field(ge=0, le=64, description="Plan every failure class of up to k workers.")
 
 
 class OperationOut(BaseModel):
@@ -83,13 +91,17 @@ class HeartbeatIn(BaseModel):
 
     address: StrictStr | None = Field(default=None, max_length=256,
                                       description="host:port where peers reach it.")
-    pid: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
+    pid: JsonInt | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+"""A TCP port, 1-65535, as the pattern says it (the OpenAPI document then says it too)."""
 
 
 class Rendezvous(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    address: StrictStr = Field(max_length=256, pattern=r"^[^\s:]+(:[^\s:]+)*:[0-9]{1,5}$",
+    address: StrictStr = Field(max_length=256, pattern=r"^[^\s:]+(:[^\s:]+)*:" + _PORT + "$",
                                description="HOST:PORT of the c10d store the job's workers meet at.")
 
 
@@ -99,6 +111,10 @@ class WorkerReport(BaseModel):
     worker: WorkerRef = Field(description="The failed (or rejoining) worker [pipeline, stage].")
     reporter: WorkerRef | None = Field(default=None, description="Who reports it (must be part of the job).")
     reason: StrictStr | None = Field(default=None, max_length=2000)
+    generation: JsonInt | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="The generation the reporter ran when it lost the "
+        "worker. A failure report about an older generation than the job's is stale (its groups are "
+        "gone already): answered, and ignored.")
 
 
 class MembershipState(BaseModel):

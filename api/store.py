@@ -26,8 +26,17 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+KEY_RETENTION_S = 86_400.0
+"""How long a deleted job's `Idempotency-Key` stays bound to it (a retry or a late duplicate of its
+create within this time is refused with 410 instead of making a second job)."""
+
+
 class KeyReused(ValueError):
     """An `Idempotency-Key` already used for a different request body (answered as 422)."""
+
+
+class KeyJobDeleted(LookupError):
+    """An `Idempotency-Key` whose job was deleted (answered as 410): the create it names happened."""
 
 
 class GenerationConflict(RuntimeError):
@@ -112,15 +121,19 @@ class Store:
     def _keyed_job(self, key: str, digest: str) -> JobRow | None:
         with self.engine.connect() as conn:
             r = conn.execute(
-                select(idempotency_keys.c.request_sha256, jobs.c.id, jobs.c.spec, jobs.c.created_at)
-                .join(jobs, jobs.c.id == idempotency_keys.c.job_id)
+                select(idempotency_keys.c.request_sha256, idempotency_keys.c.job_id, jobs.c.spec,
+                       jobs.c.created_at)
+                .outerjoin(jobs, jobs.c.id == idempotency_keys.c.job_id)
                 .where(idempotency_keys.c.key == key)).first()
         if r is None:
             return None
         if r.request_sha256 != digest:
-            raise KeyReused(f"Idempotency-Key: {key!r} was already used to create job {r.id} from a "
+            raise KeyReused(f"Idempotency-Key: {key!r} was already used to create job {r.job_id} from a "
                             "different job spec; use a new key for a new job")
-        return JobRow(r.id, JobSpec.model_validate_json(r.spec), r.created_at)
+        if r.spec is None:
+            raise KeyJobDeleted(f"Idempotency-Key: {key!r} created job {r.job_id}, which has since been "
+                                "deleted; nothing was created (use a new key to create another job)")
+        return JobRow(r.job_id, JobSpec.model_validate_json(r.spec), r.created_at)
 
     def get_job(self, job_id: str) -> JobRow | None:
         with self.engine.connect() as conn:
@@ -141,9 +154,13 @@ class Store:
             conn.execute(update(operations).where(
                 and_(operations.c.job_id == job_id, operations.c.status == "running"))
                 .values(status="cancelled", error="the job was deleted", updated_at=time.time()))
-            # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma.
-            for table in (registrations, memberships, plans, solves, idempotency_keys, rendezvous):
+            # Children first: SQLite enforces ON DELETE CASCADE only per connection pragma. The job's
+            # Idempotency-Key stays (see KEY_RETENTION_S); keys of jobs deleted long ago go now.
+            for table in (registrations, memberships, plans, solves, rendezvous):
                 conn.execute(delete(table).where(table.c.job_id == job_id))
+            conn.execute(delete(idempotency_keys).where(and_(
+                idempotency_keys.c.created_at < time.time() - KEY_RETENTION_S,
+                idempotency_keys.c.job_id.not_in(select(jobs.c.id)))))
             return conn.execute(delete(jobs).where(jobs.c.id == job_id)).rowcount > 0
 
     def set_rendezvous(self, job_id: str, address: str) -> None:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,6 +44,38 @@ def start_service(**env: str) -> tuple[subprocess.Popen, str, tempfile.Temporary
     raise RuntimeError("service did not start: " + (Path(tmp.name) / "service.log").read_text())
 
 
+@contextlib.contextmanager
+def throwaway_postgres():
+    """A PostgreSQL cluster in a temporary folder for one run, started as scripts/test.sh starts
+    one (initdb refuses root: run it as an unprivileged user); yields its SQLAlchemy URL."""
+    initdb = shutil.which("initdb") or sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))[-1]
+    bindir = Path(os.path.realpath(initdb)).parent
+    tmp = tempfile.mkdtemp(prefix="recycle-pg-")
+    runas: list[str] = []
+    if os.getuid() == 0:
+        if subprocess.run(["id", "recycle-pg"], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--system", "--no-create-home", "recycle-pg"], check=True)
+        shutil.chown(tmp, "recycle-pg")
+        runas = ["runuser", "-u", "recycle-pg", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = f"{tmp}/data"
+    subprocess.run([*runas, f"{bindir}/initdb", "-D", data, "-U", "recycle", "--auth=trust"], check=True,
+                   capture_output=True)
+    subprocess.run([*runas, f"{bindir}/pg_ctl", "-D", data, "-o", f"-p {port} -k {tmp} -c "
+                    "listen_addresses=127.0.0.1", "-l", f"{tmp}/log", "-w", "start"], check=True,
+                   capture_output=True)
+    try:
+        subprocess.run([*runas, f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "recycle",
+                        "recycle_bench"], check=True, capture_output=True)
+        yield f"postgresql+psycopg://recycle@127.0.0.1:{port}/recycle_bench"
+    finally:
+        subprocess.run([*runas, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def stop_service(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -53,8 +88,9 @@ def stop_service(proc: subprocess.Popen) -> None:
 class Connection:
     """One keep-alive HTTP/1.1 connection: GET/POST and read one response at a time."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, headers: dict[str, str] | None = None):
         self.host, self.port = host, port
+        self.headers = dict(headers or {})  # sent on every request (a token, a registration id)
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -62,11 +98,14 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
 
-    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: dict | list | bytes | None = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """`body` is sent as JSON; bytes as they are (a malformed body)."""
         assert self.reader is not None and self.writer is not None
-        payload = b"" if body is None else json.dumps(body).encode()
+        payload = body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in {**self.headers, **(headers or {})}.items())
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(payload)}\r\n"
-                f"Content-Type: application/json\r\n\r\n")
+                f"Content-Type: application/json\r\n{extra}\r\n")
         self.writer.write(head.encode() + payload)
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])

@@ -58,6 +58,8 @@ class Membership:
         """Set when the service cannot be reached for `service_lost_s` (also sets `changed`)."""
         self._stop = threading.Event()
         self._after = 0
+        self._adopted: int | None = None
+        """The generation the main loop runs (what a failure it reports is about)."""
         self._lock = threading.Lock()
         self._client = self._new_client()
 
@@ -99,6 +101,8 @@ class Membership:
     def report_failure(self, peer: Worker, reason: str) -> None:
         """Tell the coordinator a peer is gone (idempotent on the service side)."""
         body = {"worker": list(peer), "reporter": list(self.worker), "reason": reason[:500]}
+        if self._adopted is not None:  # a report about an older generation is ignored as stale
+            body["generation"] = self._adopted
         # Unreachable: the heartbeat timeout still catches it; the caller waits for the generation.
         with contextlib.suppress(MembershipError):
             self._call(self._client, "POST", "/failures", json=body)
@@ -188,6 +192,7 @@ class Membership:
 
     def adopt(self, generation: int) -> None:
         """The main loop now runs `generation`: `changed` fires again only for a newer one."""
+        self._adopted = generation
         self.changed.clear()
         with self._lock:
             newer = self.latest is not None and self.latest["generation"] > generation

@@ -95,8 +95,9 @@ class JobSpec(BaseModel):
                     raise ValueError(f"{where}: must be at most activation_mb ({a}), got {w}")
         if self.memory_limit_mb is not None:
             limit = self.memory_limit_mb
-            if not (limit == limit) or limit in (float("inf"), float("-inf")) or limit <= 0:
-                raise ValueError(f"memory_limit_mb: must be a finite number > 0, got {limit}")
+            # 0 is a limit a job whose activations all take 0 MB meets (its filled-in default).
+            if not (limit == limit) or limit in (float("inf"), float("-inf")) or limit < 0:
+                raise ValueError(f"memory_limit_mb: must be a finite number >= 0, got {limit}")
             largest = max(_per_stage(self.activation_mb, self.stages))
             if limit < largest:
                 raise ValueError(

@@ -12,9 +12,11 @@ from api.problems import Problem, ProblemDocument
 from api.schemas import Assignment, HeartbeatIn, MembershipDetail, MembershipState, Rendezvous, WorkerReport
 from api.solver import in_thread
 
+# 409 on every route: loading a job's membership may meet a generation another coordinator moved.
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["coordinator"],
                    responses={401: {"model": ProblemDocument}, 403: {"model": ProblemDocument},
-                              404: {"model": ProblemDocument}, 422: {"model": ProblemDocument}})
+                              404: {"model": ProblemDocument}, 409: {"model": ProblemDocument},
+                              422: {"model": ProblemDocument}})
 Index = Annotated[int, Path(ge=0, le=2**31 - 1)]
 
 
@@ -34,7 +36,7 @@ async def heartbeat(pipeline: Index, stage: Index, caller: CallerDep, job: JobDe
              responses={409: {"model": ProblemDocument}})
 async def report_failure(report: WorkerReport, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
     return await services.coordinator.report_failure(job, report.worker, report.reporter, report.reason,
-                                                     caller)
+                                                     caller, report.generation)
 
 
 @router.post("/rejoins", response_model=MembershipState, responses={409: {"model": ProblemDocument}})
@@ -65,9 +67,6 @@ async def assignment(
 async def set_rendezvous(body: Rendezvous, caller: CallerDep, job: JobDep, services: ServicesDep) -> dict:
     """Register where the job's workers meet (`recycle rendezvous --service`); a worker started
     without `--store` reads it here. A restarted store registers its new address."""
-    port = int(body.address.rpartition(":")[2])
-    if not 0 < port < 65536:
-        raise Problem(422, f"address: port {port} is outside 1-65535", field="address")
     await in_thread(services.store.set_rendezvous, job.id, body.address)
     return {"address": body.address}
 

@@ -31,10 +31,13 @@ IdempotencyKey = Annotated[str | None, Header(
     alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
     description="Makes a retry safe: the same key with the same spec answers the job the first "
     "request created (`Idempotent-Replayed: true`) instead of creating another; the same key with "
-    "another spec is refused (422).")]
+    "another spec is refused (422); once that job is deleted the key stays bound to it for 24 h "
+    "(410: a late retry makes no second job).")]
 
 
-@router.post("", status_code=201, response_model=JobOut)
+@router.post("", status_code=201, response_model=JobOut,
+             responses={410: {"model": ProblemDocument, "description": "The Idempotency-Key's job was "
+                              "deleted; nothing was created."}})
 async def create_job(spec: JobSpec, services: ServicesDep, response: Response,
                      idempotency_key: IdempotencyKey = None) -> JobOut:
     limit = services.settings.max_plan_ops

@@ -20,7 +20,7 @@ from planner.spec import JobSpec, SpecError
         ({"allreduce_ms": float("nan")}, "allreduce_ms", "finite"),
         ({"optimizer_ms": float("inf")}, "optimizer_ms", "finite"),
         ({"memory_limit_mb": 0.5}, "memory_limit_mb", "below one micro-batch"),
-        ({"memory_limit_mb": -1.0}, "memory_limit_mb", "> 0"),
+        ({"memory_limit_mb": -1.0}, "memory_limit_mb", ">= 0"),  # 0 allowed: 0 MB activations
         ({"stages": 0}, "stages", "greater than or equal to 1"),
         ({"microbatches": "many"}, "microbatches", "integer"),
         ({"forward_ms": None}, "forward_ms", "required"),
