@@ -27,6 +27,7 @@ class PlanService:
         self.cache = MaterialCache()
         self._finished: LRU[tuple[str, str], PlanRow] = LRU(cache_entries)
         self._building: dict[tuple[str, str], asyncio.Future] = {}
+        self._warming: dict[tuple[str, str], asyncio.Future] = {}
 
     async def request(self, job: JobRow, failed: object, priority: int = CLIENT
                       ) -> tuple[PlanRow, asyncio.Future | None]:
@@ -113,3 +114,31 @@ class PlanService:
         data = await in_thread(material.stream_json, worker)
         self.cache.put_stream(job.id, plan.id, worker, data)
         return data
+
+    async def streams(self, job: JobRow, plan: PlanRow) -> dict[Worker, bytes]:
+        """Every alive worker's stream of a done plan, built in one thread job (not one per worker:
+        after a failure all of them are wanted at once) and cached."""
+        material = await self.material(job, plan)
+        workers = [(p, s) for p in range(job.job.pipelines) for s in range(job.job.stages)
+                   if (p, s) not in material.failed]
+        found = {w: self.cache.stream(job.id, plan.id, w) for w in workers}
+        missing = [w for w, data in found.items() if data is None]
+
+        def build() -> dict[Worker, bytes]:
+            built = {w: material.stream_json(w) for w in missing}
+            for w, data in built.items():
+                self.cache.put_stream(job.id, plan.id, w, data)
+            return built
+
+        if missing:
+            found.update(await in_thread(build))
+        return found  # type: ignore[return-value]
+
+    def warm(self, job: JobRow, plan: PlanRow) -> None:
+        """A client asked for this failure set's plan ahead of time: build its streams now, in the
+        background, so a worker failure that needs it serves stored bytes (issue 9's 3 s bar)."""
+        if plan.status == "done" and self.cache.plan(job.id, plan.id) is None and (job.id, plan.id) not in self._warming:
+            task = asyncio.ensure_future(self.streams(job, plan))
+            self._warming[(job.id, plan.id)] = task
+            task.add_done_callback(lambda t: (self._warming.pop((job.id, plan.id), None),
+                                              t.cancelled() or t.exception()))

@@ -8,6 +8,12 @@ generation, which embeds the worker's stream). Two cases: the failure's plan pre
 Bars: heartbeat p99 < 100 ms; all hold the new stream < 3 s after a precomputed failure.
 
     python benchmarks/api_daemons.py [--pipelines 64 --stages 64 --microbatches 8] [--warmup 10]
+        [--pin] [--profile DIR]
+
+`--pin` runs the load generator on CPU 0 and the server on CPU 1 (`taskset`), so neither steals the
+other's core; the generator reports its own event-loop lag (how late a 10 ms timer fires): when that
+lag is large, the latencies measure the generator, not the server. `--profile DIR` runs the server
+under cProfile and writes one `.prof` per case.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
+from pathlib import Path
 
 import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
@@ -28,6 +37,16 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
     held: dict[tuple, float] = {}
     errors = {"heartbeat": 0}
     stop = asyncio.Event()
+    lags: list[float] = []
+
+    async def lag_monitor() -> None:
+        # How late a 10 ms sleep wakes up: the generator's own event-loop delay.
+        while not stop.is_set():
+            started = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append(time.perf_counter() - started - 0.01)
+
+    monitor = asyncio.ensure_future(lag_monitor())
     opened = asyncio.Semaphore(256)  # open the 2 x D connections without a SYN flood
 
     async def connect() -> Connection:
@@ -59,6 +78,7 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
                 break
         await conn.close()
 
+    started_at = time.perf_counter()
     alive = [w for w in workers if list(w) != failed]
     n = len(workers)
     beaters = [asyncio.ensure_future(heartbeat(w, interval * i / n)) for i, w in enumerate(workers)]
@@ -71,10 +91,13 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
     await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
-    await asyncio.wait_for(asyncio.gather(*beaters), timeout=60)
+    await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
     await report.close()
     ms = [b * 1000 for b in beats]
-    return {"daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
+    lag_ms = [x * 1000 for x in lags]
+    return {"generator_loop_lag_p50_ms": round(percentile(lag_ms, 0.50), 2),
+            "generator_loop_lag_p99_ms": round(percentile(lag_ms, 0.99), 2),
+            "heartbeats_per_s": round(len(ms) / (time.perf_counter() - started_at), 1),"daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
@@ -89,7 +112,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of heartbeats before the failure")
     ap.add_argument("--after", type=float, default=3.0, help="seconds of heartbeats after all hold it")
     ap.add_argument("--cases", default="precomputed,not_precomputed")
+    ap.add_argument("--pin", action="store_true", help="generator on CPU 0, server on CPU 1")
+    ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     args = ap.parse_args()
+    launcher: tuple[str, ...] = (sys.executable,)
+    if args.pin:
+        os.sched_setaffinity(0, {0})
+        launcher = ("taskset", "-c", "1", *launcher)
     spec = scenario("uniform-4x4x8.json", pipelines=args.pipelines, stages=args.stages,
                     microbatches=args.microbatches)
     workers = [(p, s) for p in range(args.pipelines) for s in range(args.stages)]
@@ -97,7 +126,12 @@ def main() -> None:
     results = {}
     for case in args.cases.split(","):
         failed = failures[case]
-        proc, url, _tmp = start_service(RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false")
+        run_as = launcher
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            run_as = (*launcher, str(Path(__file__).with_name("profiled.py")), str(args.profile / f"{case}.prof"))
+        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false",
+                                        RECYCLE_SOLVE_DEADLINE_S="600")
         try:
             with httpx.Client(base_url=url, timeout=300) as c:
                 job_id = c.post("/v1/jobs", json=spec).json()["id"]

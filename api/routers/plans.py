@@ -51,6 +51,7 @@ async def request_plan(body: PlanRequest, job: JobDep, services: ServicesDep) ->
         if wait > 0:
             await asyncio.wait([future], timeout=wait)  # never cancels the shared solve
         plan = await services.plans.get(job, plan.id)
+    services.plans.warm(job, plan)
     doc = summary(job, plan).model_dump(mode="json")
     if plan.status == "pending":
         headers = {"Location": doc["links"]["self"], "Retry-After": "1"}
