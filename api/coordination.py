@@ -168,7 +168,8 @@ class Coordinator:
         m = live.m
         if m.settled():
             live.payload = Payload(live.job.id, m)
-            live.ready = asyncio.ensure_future(self._fill(live, live.payload)) if m.status == "running" else None
+            running = m.status == "running"
+            live.ready = asyncio.ensure_future(self._fill(live, live.payload)) if running else None
         live.notify()
 
     async def _fill(self, live: Live, payload: Payload) -> None:

@@ -182,7 +182,8 @@ class Membership:
         silent = {w for w, seen in self.last_seen.items()
                   if now - seen > t.heartbeat_timeout_s and w not in self.failed}
         confirm, too_slow_s = t.confirm_s, t.too_slow_s
-        quiet = {w for w, at in self.suspects.items() if now - at > confirm and self.last_seen.get(w, 0) <= at}
+        quiet = {w for w, at in self.suspects.items()
+                 if now - at > confirm and self.last_seen.get(w, 0) <= at}
         # Only reports made well into the generation: one just after a change is about the old groups.
         slow = {w for w, at in self.suspects.items()
                 if now - at > too_slow_s and at - self.changed_at >= confirm} - quiet
@@ -198,7 +199,8 @@ class Membership:
         for workers, why in ((silent, f"missed heartbeats for {t.heartbeat_timeout_s:g} s"),
                              (quiet - silent, f"reported by a peer and silent for {confirm:g} s since"),
                              (slow - silent, "reported by a peer and, though beating, no new generation "
-                                             f"{too_slow_s:g} s later (too slow for its peers; it may rejoin)"),
+                                             f"{too_slow_s:g} s later (too slow for its peers; it may "
+                                             "rejoin)"),
                              (never, f"never registered within {t.register_timeout_s:g} s of the first")):
             if workers:
                 parts.append(f"{why}: {', '.join(str(list(w)) for w in sorted(workers))}")

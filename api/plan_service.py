@@ -137,8 +137,9 @@ class PlanService:
     def warm(self, job: JobRow, plan: PlanRow) -> None:
         """A client asked for this failure set's plan ahead of time: build its streams now, in the
         background, so a worker failure that needs it serves stored bytes (issue 9's 3 s bar)."""
-        if plan.status == "done" and self.cache.plan(job.id, plan.id) is None and (job.id, plan.id) not in self._warming:
+        key = (job.id, plan.id)
+        if plan.status == "done" and self.cache.plan(*key) is None and key not in self._warming:
             task = asyncio.ensure_future(self.streams(job, plan))
-            self._warming[(job.id, plan.id)] = task
-            task.add_done_callback(lambda t: (self._warming.pop((job.id, plan.id), None),
-                                              t.cancelled() or t.exception()))
+            self._warming[key] = task
+            # Retrieve the outcome (a deleted job's plan is gone: nothing to warm, nothing to log).
+            task.add_done_callback(lambda t: (self._warming.pop(key, None), t.cancelled() or t.exception()))

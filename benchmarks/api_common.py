@@ -64,11 +64,13 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
 
-    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: dict | None = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         assert self.reader is not None and self.writer is not None
         payload = b"" if body is None else json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(payload)}\r\n"
-                f"Content-Type: application/json\r\n\r\n")
+                f"Content-Type: application/json\r\n{extra}\r\n")
         self.writer.write(head.encode() + payload)
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])

@@ -1,7 +1,9 @@
 """Benchmark: 4,096 simulated worker daemons against one server (issue 9's scale bar).
 
 Every daemon heartbeats at the service's default interval on one keep-alive connection and
-long-polls its assignment on another, as executor daemons do. After a warm-up, one failure is
+long-polls its assignment on another, as executor daemons do (`executor/membership.py`): with the
+job's worker token, the first beat registers (with its pid), later beats send no body and the
+registration id. After a warm-up, one failure is
 reported; measured: heartbeat latency percentiles over the whole run and the time from the report
 until every alive daemon holds its new generation's instruction stream (assignment of the new
 generation, which embeds the worker's stream). Two cases: the failure's plan precomputed and not.
@@ -29,11 +31,15 @@ from pathlib import Path
 import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
 
+TOKEN = "bench-admin-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
-async def daemons(url: str, job_id: str, workers: list, failed: list, interval: float, warmup: float,
-                  after: float) -> dict:
+
+async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
+                  warmup: float, after: float) -> dict:
     host, port = host_port(url)
     beats: list[float] = []
+    registering: list[float] = []  # each daemon's first beat: it registers (a database write)
     held: dict[tuple, float] = {}
     errors = {"heartbeat": 0}
     stop = asyncio.Event()
@@ -57,14 +63,20 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
         p, s = worker
         conn = await connect()
         await asyncio.sleep(offset)  # spread the beats over the interval, as independent daemons are
-        body = {"address": f"10.0.{p}.{s}:29500", "pid": 1000 + p * 1000 + s}
+        auth = {"Authorization": f"Bearer {token}"}
+        path = f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat"
+        started = time.perf_counter()
+        status, answer = await conn.request("POST", path, {"pid": 1000 + p * 1000 + s}, auth)
+        registering.append(time.perf_counter() - started)
+        assert status == 200, answer
+        auth["X-Recycle-Registration"] = json.loads(answer)["registration"]
         while not stop.is_set():
+            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
             started = time.perf_counter()
-            status, _ = await conn.request("POST", f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat", body)
+            status, _ = await conn.request("POST", path, None, auth)
             beats.append(time.perf_counter() - started)
             if status != 200:
                 errors["heartbeat"] += 1
-            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
         await conn.close()
 
     async def poll(worker) -> None:
@@ -72,7 +84,8 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
         conn = await connect()
         while True:
             status, body = await conn.request(
-                "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60")
+                "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
+                {"Authorization": f"Bearer {token}"})
             if status == 200 and json.loads(body)["generation"] >= 2:
                 held[worker] = time.perf_counter()
                 break
@@ -86,7 +99,7 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
     await asyncio.sleep(warmup)
     report = await Connection(host, port).open()
     reported = time.perf_counter()
-    status, body = await report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed})
+    status, body = await report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN)
     assert status == 200, body
     await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
     await asyncio.sleep(after)  # heartbeats keep going after the change
@@ -97,9 +110,11 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
     lag_ms = [x * 1000 for x in lags]
     return {"generator_loop_lag_p50_ms": round(percentile(lag_ms, 0.50), 2),
             "generator_loop_lag_p99_ms": round(percentile(lag_ms, 0.99), 2),
-            "heartbeats_per_s": round(len(ms) / (time.perf_counter() - started_at), 1),"daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
+            "heartbeats_per_s": round(len(ms) / (time.perf_counter() - started_at), 1),
+            "daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
+            "registering_beat_p99_ms": round(percentile([r * 1000 for r in registering], 0.99), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
             "first_s": round(min(held.values()) - reported, 3)}
 
@@ -129,12 +144,14 @@ def main() -> None:
         run_as = launcher
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-            run_as = (*launcher, str(Path(__file__).with_name("profiled.py")), str(args.profile / f"{case}.prof"))
+            profiled = str(Path(__file__).with_name("profiled.py"))
+            run_as = (*launcher, profiled, str(args.profile / f"{case}.prof"))
         proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false",
-                                        RECYCLE_SOLVE_DEADLINE_S="600")
+                                        RECYCLE_SOLVE_DEADLINE_S="600", RECYCLE_API_TOKEN=TOKEN)
         try:
-            with httpx.Client(base_url=url, timeout=300) as c:
-                job_id = c.post("/v1/jobs", json=spec).json()["id"]
+            with httpx.Client(base_url=url, timeout=300, headers=ADMIN) as c:
+                created = c.post("/v1/jobs", json=spec).json()
+                job_id, token = created["id"], created["worker_token"]
                 first = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment", params={"wait_s": 300}).json()
                 assert first["generation"] == 1, first
                 interval = first.get("heartbeat_interval_s") or c.get(
@@ -142,7 +159,8 @@ def main() -> None:
                 if case == "precomputed":
                     plan = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [failed], "wait_s": 300}).json()
                     assert plan["status"] == "done", plan
-            results[case] = run_loop(daemons(url, job_id, workers, failed, interval, args.warmup, args.after))
+            results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
+                                             args.after))
         finally:
             stop_service(proc)
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
