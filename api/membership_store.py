@@ -2,10 +2,13 @@
 workers' registrations, read and written in threads; what a restarted service resumes from.
 
 Heartbeats stay in memory (thousands per second); a registration is written only when something a
-reader can see changes (a new worker, address, pid or process binding), never once per beat.
+reader can see changes (a new worker, address, pid or process binding), never once per beat, and
+registrations arriving together (a 4,096-worker job starting) share one transaction per job.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from api.membership import Membership, Timeouts
 from api.solver import in_thread
@@ -19,6 +22,8 @@ Record = tuple[str | None, int | None, str | None]
 class MembershipStore:
     def __init__(self, store: Store):
         self.store = store
+        self._pending: dict[str, list[tuple[tuple, asyncio.Future]]] = {}
+        self._flusher: asyncio.Task | None = None
 
     async def load(self, job: JobRow, timeouts: Timeouts, now: float
                    ) -> tuple[Membership, dict[Worker, Record], bool | None]:
@@ -57,8 +62,29 @@ class MembershipStore:
             new = (address if address is not None else old[0], pid if pid is not None else old[1], old[2])
         if new == old:
             return
-        await in_thread(self.store.register_worker, job_id, worker, new[0], new[1], session_sha256)
+        done = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(job_id, []).append(((worker, new[0], new[1], session_sha256), done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+        await done
         records[worker] = new
+
+    async def _flush(self) -> None:
+        """Write what is pending, one transaction per job, until nothing is: registrations that
+        arrive during a write go into the next one."""
+        while self._pending:
+            job_id = next(iter(self._pending))
+            batch = self._pending.pop(job_id)
+            try:
+                await in_thread(self.store.register_workers, job_id, [row for row, _ in batch])
+            except Exception as exc:  # e.g. JobGone: every waiter of this job gets it
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
 
     async def registrations(self, job_id: str) -> dict[Worker, dict]:
         return await in_thread(self.store.registrations, job_id)
