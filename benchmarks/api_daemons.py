@@ -161,6 +161,9 @@ def main() -> None:
                     assert plan["status"] == "done", plan
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
                                              args.after))
+        except BaseException:
+            print((Path(_tmp.name) / "service.log").read_text()[-3000:], file=sys.stderr)
+            raise
         finally:
             stop_service(proc)
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
