@@ -117,7 +117,28 @@ class PlanService:
 
     async def streams(self, job: JobRow, plan: PlanRow) -> dict[Worker, bytes]:
         """Every alive worker's stream of a done plan, built in one thread job (not one per worker:
-        after a failure all of them are wanted at once) and cached."""
+        after a failure all of them are wanted at once), cached, and shared by whoever asks while
+        it is being built (a warm-up and the coordinator)."""
+        return await asyncio.shield(self._streams_future(job, plan))
+
+    def warm(self, job: JobRow, plan: PlanRow) -> None:
+        """A client asked for this failure set's plan ahead of time: build its streams now, in the
+        background, so a worker failure that needs it serves stored bytes (issue 9's 3 s bar)."""
+        if plan.status == "done" and self.cache.plan(job.id, plan.id) is None:
+            self._streams_future(job, plan)
+
+    def _streams_future(self, job: JobRow, plan: PlanRow) -> asyncio.Future:
+        key = (job.id, plan.id)
+        running = self._warming.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._build_streams(job, plan))
+            self._warming[key] = running
+            # Retrieve the outcome (a deleted job's plan is gone: nothing to warm, nothing to log).
+            running.add_done_callback(lambda t: (self._warming.pop(key, None),
+                                                 t.cancelled() or t.exception()))
+        return running
+
+    async def _build_streams(self, job: JobRow, plan: PlanRow) -> dict[Worker, bytes]:
         material = await self.material(job, plan)
         workers = [(p, s) for p in range(job.job.pipelines) for s in range(job.job.stages)
                    if (p, s) not in material.failed]
@@ -133,13 +154,3 @@ class PlanService:
         if missing:
             found.update(await in_thread(build))
         return found  # type: ignore[return-value]
-
-    def warm(self, job: JobRow, plan: PlanRow) -> None:
-        """A client asked for this failure set's plan ahead of time: build its streams now, in the
-        background, so a worker failure that needs it serves stored bytes (issue 9's 3 s bar)."""
-        key = (job.id, plan.id)
-        if plan.status == "done" and self.cache.plan(*key) is None and key not in self._warming:
-            task = asyncio.ensure_future(self.streams(job, plan))
-            self._warming[key] = task
-            # Retrieve the outcome (a deleted job's plan is gone: nothing to warm, nothing to log).
-            task.add_done_callback(lambda t: (self._warming.pop(key, None), t.cancelled() or t.exception()))

@@ -32,6 +32,11 @@ import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
 
 TOKEN = "bench-admin-token-0123456789"
+T0 = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {what}", file=sys.stderr, flush=True)
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -97,11 +102,13 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     beaters = [asyncio.ensure_future(heartbeat(w, interval * i / n)) for i, w in enumerate(workers)]
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
     await asyncio.sleep(warmup)
+    progress(f"{len(registering)} of {n} daemons registered; reporting the failure")
     report = await Connection(host, port).open()
     reported = time.perf_counter()
     status, body = await report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN)
     assert status == 200, body
     await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
+    progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s")
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
     await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
@@ -156,9 +163,11 @@ def main() -> None:
                 assert first["generation"] == 1, first
                 interval = first.get("heartbeat_interval_s") or c.get(
                     f"/v1/jobs/{job_id}/membership").json()["heartbeat_interval_s"]
+                progress(f"{case}: job {job_id} running generation 1")
                 if case == "precomputed":
                     plan = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [failed], "wait_s": 300}).json()
                     assert plan["status"] == "done", plan
+                    progress("failure's plan precomputed")
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
                                              args.after))
         except BaseException:
