@@ -324,9 +324,16 @@ class Coordinator:
     # ---------------------------------------------------------------------------------- watchdog
     async def _watch(self) -> None:
         period = min(0.25, self.settings.heartbeat_timeout_s / 4)
+        tick = time.monotonic()
         while True:
             await asyncio.sleep(period)
+            # A tick far later than planned means the event loop itself was stalled (e.g. thousands
+            # of workers registering at once): beats queued meanwhile were not read, so that time is
+            # not the workers' silence (without this, a start-up storm failed live workers).
+            late, tick = time.monotonic() - tick - period, time.monotonic()
             for live in list(self._members.values()):
+                if late > self.settings.heartbeat_interval_s:
+                    live.m.excuse(late)
                 lost, cause = live.m.watch(time.monotonic())
                 if lost:
                     try:

@@ -113,6 +113,12 @@ class Membership:
             return "refuse"
         return "mint"
 
+    def excuse(self, stalled_s: float) -> None:
+        """The service itself stalled for `stalled_s` (its watchdog ran that late): beats could not
+        be read meanwhile, so nobody's silence during the stall counts against them."""
+        for w in self.last_seen:
+            self.last_seen[w] += stalled_s
+
     def set_failed(self, failed: tuple[Worker, ...] | set[Worker], cause: str | None, now: float,
                    bump: bool) -> bool:
         """Set the failure set (a new generation when `bump`). Returns whether a plan is needed

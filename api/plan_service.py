@@ -121,11 +121,13 @@ class PlanService:
         it is being built (a warm-up and the coordinator)."""
         return await asyncio.shield(self._streams_future(job, plan))
 
-    def warm(self, job: JobRow, plan: PlanRow) -> None:
-        """A client asked for this failure set's plan ahead of time: build its streams now, in the
-        background, so a worker failure that needs it serves stored bytes (issue 9's 3 s bar)."""
+    def warm(self, job: JobRow, plan: PlanRow) -> asyncio.Future | None:
+        """A client asked for this failure set's plan ahead of time: build its streams now, so a
+        worker failure that needs it serves stored bytes (issue 9's 3 s bar). The future of the
+        build, None when there is nothing to build."""
         if plan.status == "done" and self.cache.plan(job.id, plan.id) is None:
-            self._streams_future(job, plan)
+            return self._streams_future(job, plan)
+        return None
 
     def _streams_future(self, job: JobRow, plan: PlanRow) -> asyncio.Future:
         key = (job.id, plan.id)

@@ -10,7 +10,7 @@ generation, which embeds the worker's stream). Two cases: the failure's plan pre
 Bars: heartbeat p99 < 100 ms; all hold the new stream < 3 s after a precomputed failure.
 
     python benchmarks/api_daemons.py [--pipelines 64 --stages 64 --microbatches 8] [--warmup 10]
-        [--pin] [--profile DIR]
+        [--pin] [--ramp S] [--profile DIR]
 
 `--pin` runs the load generator on CPU 0 and the server on CPU 1 (`taskset`), so neither steals the
 other's core; the generator reports its own event-loop lag (how late a 10 ms timer fires): when that
@@ -41,7 +41,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
-                  warmup: float, after: float) -> dict:
+                  warmup: float, after: float, ramp: float) -> dict:
     host, port = host_port(url)
     beats: list[tuple[float, float]] = []  # (begun at, latency)
     registering: list[float] = []  # each daemon's first beat: it registers (a database write)
@@ -99,7 +99,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     started_at = time.perf_counter()
     alive = [w for w in workers if list(w) != failed]
     n = len(workers)
-    beaters = [asyncio.ensure_future(heartbeat(w, interval * i / n)) for i, w in enumerate(workers)]
+    beaters = [asyncio.ensure_future(heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
     deadline = time.perf_counter() + 300
     while len(registering) < n:  # the start-up storm: every daemon registers (a database write)
@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--after", type=float, default=3.0, help="seconds of heartbeats after all hold it")
     ap.add_argument("--cases", default="precomputed,not_precomputed")
     ap.add_argument("--pin", action="store_true", help="generator on CPU 0, server on CPU 1")
+    ap.add_argument("--ramp", type=float, help="seconds over which the daemons start (default: one "
+                    "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     args = ap.parse_args()
     launcher: tuple[str, ...] = (sys.executable,)
@@ -180,7 +182,7 @@ def main() -> None:
                     assert plan["status"] == "done", plan
                     progress("failure's plan precomputed")
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
-                                             args.after))
+                                             args.after, args.ramp if args.ramp is not None else interval))
         except BaseException:
             print((Path(_tmp.name) / "service.log").read_text()[-3000:], file=sys.stderr)
             raise

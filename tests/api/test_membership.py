@@ -82,6 +82,15 @@ def test_a_stage_without_workers_waits_and_a_rejoin_brings_it_back():
     assert (m.generation, m.status) == (4, "solving")
 
 
+def test_a_stall_of_the_service_is_not_the_workers_silence():
+    m = started()
+    m.beat((0, 0), 4.0)
+    m.excuse(3.0)  # the service could not read beats for 3 s
+    assert m.watch(7.5)[0] == set()  # 7.5 s after the last read beats, 4.5 s of it their silence
+    assert m.watch(8.01)[0] == {(0, 1), (1, 0), (1, 1)}  # t=0 beats: 8.01 - 3 > 5
+    assert m.watch(12.01)[0] == set(ALL)
+
+
 def test_silence_past_the_timeout_and_never_registering():
     m = started()
     assert m.watch(5.0)[0] == set()  # exactly the timeout: not past it
