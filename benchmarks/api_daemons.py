@@ -108,6 +108,10 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     registered_at = time.perf_counter()
     progress(f"all {n} daemons registered; {warmup:g} s of steady beats, then the failure")
     await asyncio.sleep(warmup)
+    window = sorted(b * 1000 for at, b in beats if at >= registered_at)
+    progress(f"steady window: {len(window) / warmup:.0f} beats/s, p50 {percentile(window, 0.5):.1f} ms, "
+             f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
+             f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms; reporting the failure")
     report = await Connection(host, port).open()
     reported = time.perf_counter()
     status, body = await asyncio.wait_for(

@@ -3,12 +3,14 @@
     python benchmarks/profiled.py OUT.prof -m cli.main serve --port 8000
 
 uvicorn re-raises the signal that stopped it after restoring the handlers it found; the handler
-installed here turns that into a normal exit, so cProfile gets to write its file.
+installed here turns that into a normal exit, so cProfile gets to write its file. SIGUSR1 writes
+every thread's stack to stderr (where is a stuck server?).
 """
 
 from __future__ import annotations
 
 import cProfile
+import faulthandler
 import runpy
 import signal
 import sys
@@ -18,6 +20,7 @@ def main() -> None:
     out, flag, module, *rest = sys.argv[1:]
     assert flag == "-m", "usage: profiled.py OUT.prof -m MODULE ARGS..."
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     sys.argv = [module, *rest]
     profiler = cProfile.Profile()
     try:
