@@ -163,13 +163,12 @@ class Coordinator:
             self._settled(live)
 
     def _settled(self, live: Live) -> None:
-        """A generation's plan is decided: serialize its answers once, fetch every stream in one go,
-        then wake the long-polls (they wait for the streams, not for each other)."""
+        """A generation's plan is decided: serialize its answers once, then wake the long-polls; the
+        first that needs a stream fetches every stream in one go (the others wait for that, not for
+        each other). Nobody polling (a job just loaded): nothing is built."""
         m = live.m
         if m.settled():
-            live.payload = Payload(live.job.id, m)
-            running = m.status == "running"
-            live.ready = asyncio.ensure_future(self._fill(live, live.payload)) if running else None
+            live.payload, live.ready = Payload(live.job.id, m), None
         live.notify()
 
     async def _fill(self, live: Live, payload: Payload) -> None:
@@ -303,10 +302,12 @@ class Coordinator:
                     await asyncio.wait_for(event.wait(), remaining)
                 except TimeoutError:
                     return None
-            payload, ready = live.payload, live.ready
-            if payload is None or payload.generation != live.m.generation:  # loaded settled: none yet
+            if live.payload is None or live.payload.generation != live.m.generation:  # loaded settled
                 self._settled(live)
-                payload, ready = live.payload, live.ready
+            payload = live.payload
+            if live.m.streamed(worker) and live.ready is None:
+                live.ready = asyncio.ensure_future(self._fill(live, payload))
+            ready = live.ready
             if ready is not None and live.m.streamed(worker):
                 try:
                     await asyncio.shield(ready)

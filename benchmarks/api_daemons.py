@@ -88,12 +88,19 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         p, s = worker
         conn = await connect()
         while True:
-            status, body = await conn.request(
-                "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
-                {"Authorization": f"Bearer {token}"})
+            try:
+                status, body = await conn.request(
+                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
+                    {"Authorization": f"Bearer {token}"})
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status, body = -1, b""
             if status == 200 and json.loads(body)["generation"] >= 2:
                 held[worker] = time.perf_counter()
                 break
+            if status not in (200, 204):  # counted, then poll again on a new connection (as daemons do)
+                errors[f"poll_{status}"] = errors.get(f"poll_{status}", 0) + 1
+                await conn.close()
+                conn = await connect()
         await conn.close()
 
     started_at = time.perf_counter()
@@ -134,7 +141,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             "registering_beat_p99_ms": round(percentile([r * 1000 for r in registering], 0.99), 2),
             "startup_heartbeat_p99_ms": round(percentile(startup_ms, 0.99), 2),
             "heartbeats_per_s": round(len(ms) / (ended - registered_at), 1),
-            "daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
+            "daemons": n, "heartbeats": len(ms), "errors": errors,
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
