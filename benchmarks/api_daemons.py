@@ -70,10 +70,18 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         await asyncio.sleep(offset)  # spread the beats over the interval, as independent daemons are
         auth = {"Authorization": f"Bearer {token}"}
         path = f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat"
-        started = time.perf_counter()
-        status, answer = await conn.request("POST", path, {"pid": 1000 + p * 1000 + s}, auth)
+        while True:  # register; a refused or dropped attempt is counted and tried again
+            started = time.perf_counter()
+            try:
+                status, answer = await conn.request("POST", path, {"pid": 1000 + p * 1000 + s}, auth)
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status, answer = -1, b""
+            if status == 200:
+                break
+            errors[f"register_{status}"] = errors.get(f"register_{status}", 0) + 1
+            await conn.close()
+            conn = await connect()
         registering.append(time.perf_counter() - started)
-        assert status == 200, answer
         auth["X-Recycle-Registration"] = json.loads(answer)["registration"]
         while not stop.is_set():
             await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
@@ -113,7 +121,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         assert time.perf_counter() < deadline, f"only {len(registering)} of {n} registered in 300 s"
         await asyncio.sleep(0.05)
     registered_at = time.perf_counter()
-    progress(f"all {n} daemons registered; {warmup:g} s of steady beats, then the failure")
+    progress(f"all {n} daemons registered ({errors}); {warmup:g} s of steady beats, then the failure")
     await asyncio.sleep(warmup)
     window = sorted(b * 1000 for at, b in beats if at >= registered_at)
     progress(f"steady window: {len(window) / warmup:.0f} beats/s, p50 {percentile(window, 0.5):.1f} ms, "
