@@ -1,60 +1,49 @@
-"""The coordinator: membership generations per job, heartbeats, failures, rejoins, long-polls.
+"""The coordinator: drives each job's state machine (`api.membership`) on the event loop.
 
-The service owns each job's generation. A failure report, a rejoin or a missed heartbeat moves the
-job to generation G+1 with the new failure set and its plan (stored if precomputed, else solved; the
-generation is `solving` until the plan exists). Long-polls for "after G" wake on every change and
-answer once generation > G is settled (`running` with a plan; `waiting` when a stage has lost every
-worker: the job waits for a rejoin to that stage, after which every worker restores the newest
-checkpoint; `stopped` when no plan exists). Heartbeats stay in memory (hundreds per second);
-registrations and generations are stored.
+It owns what the pure state machine cannot: per-job locks, the plan solves a new generation waits
+for, long-polls woken on every change, the watchdog task, metrics, and the answers as bytes
+(`api.assignment`). Persistence (membership rows with compare-and-swap on the generation,
+registrations, resume after a restart) is `api.membership_store`. Heartbeats stay in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
 from api import logs
+from api.assignment import Payload, StateBytes
 from api.lru import LRU
+from api.membership import Membership, Timeouts
+from api.membership_store import MembershipStore, Record
 from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.problems import Problem
 from api.settings import Settings
 from api.solve_queue import COORDINATOR
-from api.solver import in_thread
 from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
-from api.watchdog import confirm_s, lost_workers
 from planner.spec import SpecError, Worker
 
 log = logs.get("coordinator")
 
 
 @dataclass
-class Membership:
+class Live:
+    """One coordinated job: its state machine and the event loop's side of it."""
+
     job: JobRow
-    generation: int = 1
-    failed: tuple[Worker, ...] = ()
-    plan_id: str | None = None
-    status: str = "solving"  # solving | running | waiting | stopped
-    reason: str | None = None
-    iteration_ms: float | None = None
-    last_seen: dict[Worker, float] = field(default_factory=dict)
-    suspects: dict[Worker, float] = field(default_factory=dict)
-    """Workers a peer reported failed while their heartbeats were fresh -> time of the report; the
-    report stands once they go silent, or when no new generation came long after (too slow)."""
-    sessions: dict[Worker, str | None] = field(default_factory=dict)
-    """Hash of the registration id of the process each worker registered as (None: no binding)."""
-    started_at: float | None = None
-    """When the first worker registered (or the job was loaded with registrations)."""
-    all_registered: bool = False
-    changed_at: float = field(default_factory=time.monotonic)
-    """When this generation began (or was loaded)."""
+    m: Membership
+    records: dict[Worker, Record] = field(default_factory=dict)
+    """What the store holds for each registration (a beat writes only what changes)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleted: bool = False
+    payload: Payload | None = None
+    ready: asyncio.Future | None = None
+    """Resolves once `payload` holds the generation's instruction streams."""
+    state_bytes: StateBytes = field(default_factory=StateBytes)
 
     def notify(self) -> None:
         """Wake every long-poll waiting on this job; later waiters get a fresh event."""
@@ -62,22 +51,14 @@ class Membership:
         event.set()
 
 
-def _idle(m: Membership) -> bool:
-    return m.status != "solving" and all(w in m.failed for w in m.last_seen)
-
-
-def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list[int]:
-    """Stages whose every worker is in the failure set."""
-    dead = set(failed)
-    return [s for s in range(stages) if all((p, s) in dead for p in range(pipelines))]
-
-
 class Coordinator:
     def __init__(self, settings: Settings, store: Store, plans: PlanService, metrics: Metrics):
-        self.settings, self.store, self.plans, self.metrics = settings, store, plans, metrics
+        self.settings, self.plans, self.metrics = settings, plans, metrics
+        self.persist = MembershipStore(store)
+        self.timeouts = Timeouts.of(settings)
         # Bounded: a job nobody is running (no live registered worker, nothing solving) may go; it is
         # loaded again from the store when a worker or client comes back.
-        self._members: LRU[str, Membership] = LRU(settings.cache_entries, _idle)
+        self._members: LRU[str, Live] = LRU(settings.cache_entries, lambda live: live.m.idle())
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
         self.closing = False
@@ -93,20 +74,24 @@ class Coordinator:
     def close_polls(self) -> None:
         """The server is stopping: answer every long-poll now (204) rather than drop them."""
         self.closing = True
-        for m in list(self._members.values()):
-            m.notify()
+        for live in list(self._members.values()):
+            live.notify()
 
     def forget_job(self, job_id: str) -> None:
-        m = self._members.pop(job_id, None)
-        if m is not None:
-            m.deleted = True
-            m.notify()
+        live = self._members.pop(job_id, None)
+        if live is not None:
+            live.deleted = True
+            live.notify()
         self.metrics.forget_job(job_id)
 
-    async def membership(self, job: JobRow) -> Membership:
-        m = self._members.get(job.id)
-        if m is not None:
-            return m
+    def loaded(self, job_id: str) -> Live | None:
+        """The job's live state if in memory (the heartbeat fast path answers only those)."""
+        return self._members.get(job_id)
+
+    async def live(self, job: JobRow) -> Live:
+        found = self._members.get(job.id)
+        if found is not None:
+            return found
         lock = self._loading.setdefault(job.id, asyncio.Lock())
         try:
             async with lock:
@@ -115,104 +100,89 @@ class Coordinator:
             if not lock.locked():
                 self._loading.pop(job.id, None)
 
-    async def _load(self, job: JobRow) -> Membership:
-        m = self._members.get(job.id)
-        if m is not None:
-            return m
-        stored = await in_thread(self.store.load_membership, job.id)
-        registered = await in_thread(self.store.registrations, job.id)
-        now = time.monotonic()  # after a restart every registered worker gets a full timeout of grace
-        m = Membership(job=job, last_seen={w: now for w in registered},
-                       sessions={w: info["session"] for w, info in registered.items()},
-                       started_at=now if registered else None)
-        if stored is None:
-            await self._settle(m, (), cause="job started")
-        else:
-            m.generation, m.failed = stored["generation"], tuple(stored["failed"])
-            m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
-            if m.status == "solving" or (m.status == "running" and m.plan_id):
-                await self._settle(m, m.failed, cause=m.reason, bump=False)
-        self._members.put(job.id, m)
-        self._publish(m)
-        return m
+    async def _load(self, job: JobRow) -> Live:
+        found = self._members.get(job.id)
+        if found is not None:
+            return found
+        m, records, resume = await self.persist.load(job, self.timeouts, time.monotonic())
+        live = Live(job, m, records)
+        if resume is None:
+            await self._settle(live, (), cause="job started")
+        elif resume:
+            await self._settle(live, m.failed, cause=m.reason)
+        self._members.put(job.id, live)
+        self._publish(live)
+        return live
 
     # ------------------------------------------------------------------------------ transitions
-    async def _settle(self, m: Membership, failed: tuple[Worker, ...], cause: str | None,
+    async def _settle(self, live: Live, failed: tuple[Worker, ...] | set[Worker], cause: str | None,
                       bump: bool = False) -> None:
-        """Set the failure set and its plan (caller holds `m.lock` or owns `m` exclusively)."""
-        if bump:
-            m.generation += 1
-            m.suspects.clear()  # reports were about the old generation's groups
-            m.changed_at = time.monotonic()
-        m.failed = tuple(sorted(set(failed)))
-        # Until its plan is known the generation is solving: a reader between here and the plan
-        # lookup's await would otherwise see the new failures with the old plan, running.
-        m.reason, m.iteration_ms, m.status, m.plan_id = cause, None, "solving", None
-        lost = lost_stages(m.job.job.pipelines, m.job.job.stages, m.failed)
-        if lost:
-            # Not the end of the job: a worker that rejoins such a stage brings it back, and every
-            # worker then restores the newest checkpoint (the executor's daemon does the restore).
-            m.status, m.plan_id = "waiting", None
-            m.reason = (f"{cause}; stage {', '.join(map(str, lost))} has no alive worker: waiting for a "
-                        "worker to rejoin it, then every worker restores the newest checkpoint")
-        else:
-            await self._request_plan(m)
+        """Set the failure set and its plan (caller holds `live.lock` or owns `live` exclusively)."""
+        m = live.m
+        before = m.generation
+        if m.set_failed(failed, cause, time.monotonic(), bump):
+            await self._request_plan(live)
         try:
-            await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
-                            m.status, m.reason, m.generation - 1 if bump else m.generation)
+            await self.persist.save(live.job.id, m, expected=before)
         except GenerationConflict as exc:  # another coordinator moved it (the lease prevents it)
-            log.error("generation conflict", extra={"job_id": m.job.id, "error": str(exc)})
-            if self._members.get(m.job.id) is m:
-                self._members.pop(m.job.id, None)
-            m.notify()
+            log.error("generation conflict", extra={"job_id": live.job.id, "error": str(exc)})
+            if self._members.get(live.job.id) is live:
+                self._members.pop(live.job.id, None)
+            live.notify()
             raise Problem(409, f"{exc}; retry", field="job_id") from None
-        self._publish(m)
-        m.notify()
+        self._publish(live)
+        self._settled(live)
 
-    async def _request_plan(self, m: Membership) -> None:
+    async def _request_plan(self, live: Live) -> None:
+        m = live.m
         try:
-            plan, future = await self.plans.request(m.job, list(m.failed), COORDINATOR)
+            plan, future = await self.plans.request(live.job, list(m.failed), COORDINATOR)
         except SpecError as exc:
-            m.status, m.plan_id, m.reason = "stopped", None, str(exc)
+            m.no_plan(str(exc))
             return
-        m.plan_id = plan.id
         if future is None:
-            self._apply_plan(m, plan.status, plan.summary, plan.error)
+            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
         else:
-            m.status = "solving"
-            asyncio.ensure_future(self._when_solved(m, m.generation, plan.id, future))
+            m.plan_ready(plan.id, "pending", None, None)
+            asyncio.ensure_future(self._when_solved(live, m.generation, plan.id, future))
 
-    def _apply_plan(self, m: Membership, status: str, summary: dict | None, error: str | None) -> None:
-        if status == "done" and summary is not None:
-            m.status, m.iteration_ms = "running", summary.get("objective_ms")
-        else:
-            m.status = "stopped"
-            m.reason = f"no plan for failure set {[list(w) for w in m.failed]}: {error or status}"
-
-    async def _when_solved(self, m: Membership, generation: int, plan_id: str,
-                           future: asyncio.Future) -> None:
+    async def _when_solved(self, live: Live, generation: int, plan_id: str, future: asyncio.Future) -> None:
         await asyncio.shield(future)
-        async with m.lock:
-            if m.deleted or m.generation != generation or m.plan_id != plan_id:
+        m = live.m
+        async with live.lock:
+            if live.deleted or m.generation != generation or m.plan_id != plan_id:
                 return  # the membership moved on while this plan was solving
-            plan = await self.plans.get(m.job, plan_id)
+            plan = await self.plans.get(live.job, plan_id)
             if plan.status == "pending":  # solve aborted; retry rather than leave workers waiting
-                await self._settle(m, m.failed, m.reason)
+                await self._settle(live, m.failed, m.reason)
                 return
-            self._apply_plan(m, plan.status, plan.summary, plan.error)
-            await in_thread(self.store.save_membership, m.job.id, m.generation, list(m.failed), m.plan_id,
-                            m.status, m.reason)
-            log.info("generation ready", extra={"job_id": m.job.id, "generation": m.generation,
+            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
+            await self.persist.save(live.job.id, m)
+            log.info("generation ready", extra={"job_id": live.job.id, "generation": m.generation,
                                                 "status": m.status})
-            m.notify()
+            self._settled(live)
 
-    async def _change(self, m: Membership, add: set[Worker], remove: set[Worker], cause: str) -> None:
-        async with m.lock:  # the set is computed here: one taken before waiting would undo others'
-            failed = (set(m.failed) | add) - remove
-            if failed == set(m.failed):
+    def _settled(self, live: Live) -> None:
+        """A generation's plan is decided: serialize its answers once, then wake the long-polls; the
+        first that needs a stream fetches every stream in one go (the others wait for that, not for
+        each other). Nobody polling (a job just loaded): nothing is built."""
+        m = live.m
+        if m.settled():
+            live.payload, live.ready = Payload(live.job.id, m), None
+        live.notify()
+
+    async def _fill(self, live: Live, payload: Payload) -> None:
+        plan = await self.plans.get(live.job, live.m.plan_id)
+        payload.streams = await self.plans.streams(live.job, plan)
+
+    async def _change(self, live: Live, add: set[Worker], remove: set[Worker], cause: str) -> None:
+        async with live.lock:  # the set is computed here: one taken before waiting would undo others'
+            failed = (set(live.m.failed) | add) - remove
+            if failed == set(live.m.failed):
                 return
-            await self._settle(m, tuple(failed), cause, bump=True)
-            log.info("generation changed", extra={"job_id": m.job.id, "generation": m.generation,
+            await self._settle(live, failed, cause, bump=True)
+            m = live.m
+            log.info("generation changed", extra={"job_id": live.job.id, "generation": m.generation,
                                                   "failed": [list(w) for w in m.failed], "cause": cause,
                                                   "status": m.status})
 
@@ -223,34 +193,45 @@ class Coordinator:
             raise Problem(403, f"worker [{p}, {s}] is not part of job {job.id} ({job.job.pipelines} "
                           f"pipelines x {job.job.stages} stages); refused", field=field_name)
 
+    @staticmethod
+    def _owner(m: Membership, worker: Worker, caller: Caller) -> bool:
+        stored = m.sessions.get(worker)
+        return caller.admin or (stored is not None and caller.owns(stored))
+
+    def beat_now(self, job_id: str, worker: Worker, caller: Caller) -> bytes | None:
+        """A heartbeat that changes nothing stored (a registered worker, beating as the process that
+        registered it, sending no body), answered without the database or the framework; None:
+        anything else, for `heartbeat` to answer."""
+        live = self._members.get(job_id)
+        if live is None or live.deleted or worker not in live.records or not live.m.in_job(worker) \
+                or not self._owner(live.m, worker, caller):
+            return None
+        live.m.beat(worker, time.monotonic())
+        return live.state_bytes.body(job_id, live.m, worker)
+
     async def heartbeat(self, job: JobRow, worker: Worker, address: str | None, pid: int | None,
-                        caller: Caller) -> dict:
+                        caller: Caller) -> bytes:
         self.check_worker(job, worker)
-        m = await self.membership(job)
+        live = await self.live(job)
+        m = live.m
         now = time.monotonic()
         minted = new_hash = None
-        stored = m.sessions.get(worker)
-        if not caller.admin and (stored is None or not caller.owns(stored)):
-            seen = m.last_seen.get(worker)
-            if stored is not None and worker not in m.failed and seen is not None \
-                    and now - seen <= self.settings.heartbeat_timeout_s:
-                raise Problem(409, f"worker {list(worker)} is registered by another process that is still "
-                              "beating (X-Recycle-Registration differs); a restarted worker is let in once "
-                              f"the old one has been silent for {self.settings.heartbeat_timeout_s:g} s",
-                              field="worker")
+        claim = m.claim(worker, now, self._owner(m, worker, caller))
+        if claim == "refuse":
+            raise Problem(409, f"worker {list(worker)} is registered by another process that is still "
+                          "beating (X-Recycle-Registration differs); a restarted worker is let in once "
+                          f"the old one has been silent for {self.settings.heartbeat_timeout_s:g} s",
+                          field="worker")
+        if claim == "mint":
             minted, new_hash = new_registration()
-        if new_hash is not None or worker not in m.last_seen or address is not None or pid is not None:
-            await in_thread(self.store.register_worker, job.id, worker, address, pid, new_hash)
+        await self.persist.record(job.id, worker, address, pid, new_hash, live.records)
         if new_hash is not None:
             m.sessions[worker] = new_hash
-        m.last_seen[worker] = now
-        if m.started_at is None:
-            m.started_at = now
-        self._publish(m)
-        out = self._state(m, worker)
+        m.beat(worker, now)
+        body = live.state_bytes.body(job.id, m, worker)
         if minted is not None:
-            out["registration"] = minted
-        return out
+            body = body[:-1] + b',"registration":"' + minted.encode() + b'"}'
+        return body
 
     def _check_reporter(self, m: Membership, caller: Caller, worker: Worker, what: str) -> None:
         """A worker token acts as one registered worker: the one whose registration id it sends."""
@@ -258,6 +239,9 @@ class Coordinator:
             raise Problem(403, f"{what} {list(worker)} is not registered by this process: register with a "
                           "heartbeat and send its registration id as X-Recycle-Registration",
                           field="reporter" if what == "reporter" else "worker")
+
+    def _state(self, live: Live, worker: Worker) -> dict:
+        return {**live.m.state(live.job.id), "worker": list(worker), "excluded": worker in live.m.failed}
 
     async def report_failure(self, job: JobRow, worker: Worker, reporter: Worker | None,
                              reason: str | None, caller: Caller, generation: int | None = None) -> dict:
@@ -267,62 +251,36 @@ class Coordinator:
         elif not caller.admin:
             raise Problem(403, "a worker token reports as a worker: give `reporter` (this worker)",
                           field="reporter")
-        m = await self.membership(job)
+        live = await self.live(job)
+        m = live.m
         if reporter is not None:
             self._check_reporter(m, caller, reporter, "reporter")
         if generation is not None and generation < m.generation:
-            return self._state(m, worker)  # about an older generation's groups: already replanned
-        seen = m.last_seen.get(worker)
-        fresh = seen is not None and time.monotonic() - seen < 1.5 * self.settings.heartbeat_interval_s
-        if reporter is not None and reporter != worker and fresh and worker not in m.failed:
-            # A gloo group breaks for every member when one dies, so a survivor can blame a live peer.
-            # A peer's report therefore only stands once the reported worker misses its next beats, or
-            # no new generation came long after (it is too slow); the watchdog decides. A report from
-            # outside the job (operator, launcher) or by a worker about itself is final.
-            now = time.monotonic()
-            at = m.suspects.get(worker)
-            if at is None or at - m.changed_at < confirm_s(self.settings):
-                m.suspects[worker] = now  # a repeated report, now well into the generation, counts
-            return self._state(m, worker)
-        if worker not in m.failed:
+            return self._state(live, worker)  # about an older generation's groups: already replanned
+        if m.report(worker, reporter, time.monotonic()):
             by = f" by {list(reporter)}" if reporter else ""
-            await self._change(m, {worker}, set(), f"worker {list(worker)} reported failed{by}"
+            await self._change(live, {worker}, set(), f"worker {list(worker)} reported failed{by}"
                                + (f": {reason}" if reason else ""))
-        return self._state(m, worker)
+        return self._state(live, worker)
 
     async def report_rejoin(self, job: JobRow, worker: Worker, caller: Caller) -> dict:
         self.check_worker(job, worker)
-        m = await self.membership(job)
+        live = await self.live(job)
+        m = live.m
         self._check_reporter(m, caller, worker, "worker")
         if worker not in m.failed:
             raise Problem(409, f"worker {list(worker)} is not in the failure set of generation "
                           f"{m.generation}; nothing to rejoin", field="worker")
-        m.last_seen[worker] = time.monotonic()
-        await self._change(m, set(), {worker}, f"worker {list(worker)} rejoined")
-        return self._state(m, worker)
-
-    def _state(self, m: Membership, worker: Worker | None = None) -> dict:
-        out = {
-            "job_id": m.job.id,
-            "generation": m.generation,
-            "status": m.status,
-            "reason": m.reason,
-            "failed": [list(w) for w in m.failed],
-            "plan_id": m.plan_id,
-            "iteration_ms": m.iteration_ms,
-            "heartbeat_interval_s": self.settings.heartbeat_interval_s,
-            "heartbeat_timeout_s": self.settings.heartbeat_timeout_s,
-        }
-        if worker is not None:
-            out["worker"] = list(worker)
-            out["excluded"] = worker in m.failed
-        return out
+        m.beat(worker, time.monotonic())
+        await self._change(live, set(), {worker}, f"worker {list(worker)} rejoined")
+        return self._state(live, worker)
 
     async def state(self, job: JobRow) -> dict:
-        m = await self.membership(job)
-        registered = await in_thread(self.store.registrations, job.id)
+        live = await self.live(job)
+        m = live.m
+        registered = await self.persist.registrations(job.id)
         now = time.monotonic()
-        out = self._state(m)
+        out = m.state(job.id)
         out["workers"] = [
             {"worker": list(w), "address": info["address"], "pid": info["pid"],
              "failed": w in m.failed,
@@ -334,71 +292,64 @@ class Coordinator:
     async def assignment(self, job: JobRow, worker: Worker, after: int, wait_s: float) -> bytes | None:
         """The assignment of generation > `after` once it is settled, or None when `wait_s` passes."""
         self.check_worker(job, worker)
-        m = await self.membership(job)
+        live = await self.live(job)
         deadline = time.monotonic() + wait_s
         self.metrics.long_polls.inc()
         try:
-            while not (m.generation > after and m.status != "solving"):
-                event = m.changed
+            while not (live.m.generation > after and live.m.settled()):
+                event = live.changed
                 remaining = deadline - time.monotonic()
-                if m.deleted or self.closing or remaining <= 0:
+                if live.deleted or self.closing or remaining <= 0:
                     return None
                 try:
                     await asyncio.wait_for(event.wait(), remaining)
                 except TimeoutError:
                     return None
+            if live.payload is None or live.payload.generation != live.m.generation:  # loaded settled
+                self._settled(live)
+            payload = live.payload
+            if live.m.streamed(worker) and live.ready is None:
+                live.ready = asyncio.ensure_future(self._fill(live, payload))
+            ready = live.ready
+            if ready is not None and live.m.streamed(worker):
+                try:
+                    await asyncio.shield(ready)
+                except Exception:
+                    if live.ready is ready:  # the next poll tries again rather than fail for good
+                        live.ready = asyncio.ensure_future(self._fill(live, payload))
+                    raise
+                if worker not in payload.streams:  # not in the plan's batch: build this one alone
+                    plan = await self.plans.get(live.job, payload.plan_id)
+                    payload.streams[worker] = await self.plans.stream(live.job, plan, worker)
+            return payload.body(live.m, worker)
         finally:
             self.metrics.long_polls.dec()
-        return await self._assignment_body(m, worker)
-
-    async def _assignment_body(self, m: Membership, worker: Worker) -> bytes:
-        generation, status, plan_id, failed = m.generation, m.status, m.plan_id, m.failed
-        reason, iteration_ms = m.reason, m.iteration_ms
-        instructions = b"null"
-        if worker in failed:
-            status = "excluded"
-            reason = (f"worker {list(worker)} is in the failure set of generation {generation}; "
-                      "report a rejoin (POST .../rejoins) to come back")
-        elif status == "running" and plan_id is not None:
-            plan = await self.plans.get(m.job, plan_id)
-            instructions = await self.plans.stream(m.job, plan, worker)
-        job = m.job.job
-        dead = set(failed)
-        head = {
-            "job_id": m.job.id,
-            "generation": generation,
-            "status": status,
-            "reason": reason,
-            "plan_id": plan_id,
-            "failed": [list(w) for w in failed],
-            "worker": list(worker),
-            "alive": [[p, s] for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead],
-            "iteration_ms": iteration_ms,
-            "heartbeat_interval_s": self.settings.heartbeat_interval_s,
-            "heartbeat_timeout_s": self.settings.heartbeat_timeout_s,
-        }
-        # The stream is cached as JSON bytes: splice it in rather than parse and re-serialize it.
-        head_json = json.dumps(head, separators=(",", ":")).encode()
-        return head_json[:-1] + b',"instructions":' + instructions + b"}"
 
     # ---------------------------------------------------------------------------------- watchdog
     async def _watch(self) -> None:
         period = min(0.25, self.settings.heartbeat_timeout_s / 4)
+        tick = time.monotonic()
         while True:
             await asyncio.sleep(period)
-            for m in list(self._members.values()):
-                lost, cause = lost_workers(m, self.settings, time.monotonic())
+            # A tick far later than planned means the event loop itself was stalled (e.g. thousands
+            # of workers registering at once): beats queued meanwhile were not read, so that time is
+            # not the workers' silence (without this, a start-up storm failed live workers).
+            late, tick = time.monotonic() - tick - period, time.monotonic()
+            for live in list(self._members.values()):
+                if late > self.settings.heartbeat_interval_s:
+                    live.m.excuse(late)
+                lost, cause = live.m.watch(time.monotonic())
                 if lost:
                     try:
-                        await self._change(m, lost, set(), cause)
+                        await self._change(live, lost, set(), cause)
                     except Exception as exc:  # keep watching the other jobs
-                        log.error("watchdog transition failed", exc_info=exc, extra={"job_id": m.job.id})
-                self._publish(m)
+                        log.error("watchdog transition failed", exc_info=exc, extra={"job_id": live.job.id})
+                self._publish(live)
 
-    def _publish(self, m: Membership) -> None:
-        now = time.monotonic()
-        alive = sum(1 for w, seen in m.last_seen.items()
-                    if w not in m.failed and now - seen <= self.settings.heartbeat_timeout_s)
-        self.metrics.generation.labels(m.job.id).set(m.generation)
-        self.metrics.alive_workers.labels(m.job.id).set(alive)
-        self.metrics.failed_workers.labels(m.job.id).set(len(m.failed))
+    def _publish(self, live: Live) -> None:
+        """Gauges of the job (from the watchdog and on changes, not per beat: counting the alive
+        workers is a pass over all of them)."""
+        m = live.m
+        self.metrics.generation.labels(live.job.id).set(m.generation)
+        self.metrics.alive_workers.labels(live.job.id).set(m.alive_count(time.monotonic()))
+        self.metrics.failed_workers.labels(live.job.id).set(len(m.failed))

@@ -18,7 +18,7 @@ from api.problems import Problem
 from api.settings import Settings
 from api.solver import Solver, in_thread
 from api.store import JobRow, Store
-from api.tokens import REGISTRATION_HEADER, Caller, worker_token_job
+from api.tokens import REGISTRATION_HEADER, Caller, admit, worker_token_job
 
 
 @dataclass
@@ -124,18 +124,14 @@ def get_caller(
     = None,
 ) -> Caller:
     """Coordinator routes: the admin token, or the worker token of the job in the path."""
-    expected = services.settings.api_token
-    if expected is None:
-        return Caller(admin=True, registration=registration)
-    given = _given(credentials)
-    if _is_admin(given, expected.get_secret_value()):
-        return Caller(admin=True, registration=registration)
-    owner = worker_token_job(expected.get_secret_value(), given)
+    secret = services.settings.api_token.get_secret_value() if services.settings.api_token else None
+    caller = admit(secret, _given(credentials), job_id, registration)
+    if caller is not None:
+        return caller
+    owner = worker_token_job(secret or "", _given(credentials))
     if owner is None:
         raise _unauthorized()
-    if owner != job_id:
-        raise Problem(403, f"this worker token belongs to job {owner}, not {job_id}", field="job_id")
-    return Caller(admin=False, job_id=owner, registration=registration)
+    raise Problem(403, f"this worker token belongs to job {owner}, not {job_id}", field="job_id")
 
 
 Authorized = [Depends(require_token)]

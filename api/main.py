@@ -14,7 +14,7 @@ from api import logs, openapi, problems
 from api.coordination import Coordinator
 from api.db import make_engine, migrate
 from api.deps import Authorized, Services, get_caller
-from api.fastpath import CachedStreams
+from api.fastpath import FastPaths
 from api.lru import LRU
 from api.materials import parse_failed_key
 from api.metrics import Metrics
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(coordinator.router, dependencies=[Depends(get_caller)], responses=unavailable)
     app.include_router(_docs_router(app))
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
-    app.add_middleware(CachedStreams, service_app=app, token=token)
+    app.add_middleware(FastPaths, service_app=app, token=token)
     app.add_middleware(AccessMetrics, metrics=metrics, log_requests=settings.access_log)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ContainErrors)  # outermost: see its docstring

@@ -27,6 +27,7 @@ class PlanService:
         self.cache = MaterialCache()
         self._finished: LRU[tuple[str, str], PlanRow] = LRU(cache_entries)
         self._building: dict[tuple[str, str], asyncio.Future] = {}
+        self._warming: dict[tuple[str, str], asyncio.Future] = {}
 
     async def request(self, job: JobRow, failed: object, priority: int = CLIENT
                       ) -> tuple[PlanRow, asyncio.Future | None]:
@@ -113,3 +114,45 @@ class PlanService:
         data = await in_thread(material.stream_json, worker)
         self.cache.put_stream(job.id, plan.id, worker, data)
         return data
+
+    async def streams(self, job: JobRow, plan: PlanRow) -> dict[Worker, bytes]:
+        """Every alive worker's stream of a done plan, built in one thread job (not one per worker:
+        after a failure all of them are wanted at once), cached, and shared by whoever asks while
+        it is being built (a warm-up and the coordinator)."""
+        return await asyncio.shield(self._streams_future(job, plan))
+
+    def warm(self, job: JobRow, plan: PlanRow) -> asyncio.Future | None:
+        """A client asked for this failure set's plan ahead of time: build its streams now, so a
+        worker failure that needs it serves stored bytes (issue 9's 3 s bar). The future of the
+        build, None when there is nothing to build."""
+        if plan.status == "done" and self.cache.plan(job.id, plan.id) is None:
+            return self._streams_future(job, plan)
+        return None
+
+    def _streams_future(self, job: JobRow, plan: PlanRow) -> asyncio.Future:
+        key = (job.id, plan.id)
+        running = self._warming.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._build_streams(job, plan))
+            self._warming[key] = running
+            # Retrieve the outcome (a deleted job's plan is gone: nothing to warm, nothing to log).
+            running.add_done_callback(lambda t: (self._warming.pop(key, None),
+                                                 t.cancelled() or t.exception()))
+        return running
+
+    async def _build_streams(self, job: JobRow, plan: PlanRow) -> dict[Worker, bytes]:
+        material = await self.material(job, plan)
+        workers = [(p, s) for p in range(job.job.pipelines) for s in range(job.job.stages)
+                   if (p, s) not in material.failed]
+        found = {w: self.cache.stream(job.id, plan.id, w) for w in workers}
+        missing = [w for w, data in found.items() if data is None]
+
+        def build() -> dict[Worker, bytes]:
+            built = {w: material.stream_json(w) for w in missing}
+            for w, data in built.items():
+                self.cache.put_stream(job.id, plan.id, w, data)
+            return built
+
+        if missing:
+            found.update(await in_thread(build))
+        return found  # type: ignore[return-value]

@@ -342,16 +342,24 @@ class Store:
     def register_worker(self, job_id: str, worker: tuple[int, int], address: str | None,
                         pid: int | None, session_sha256: str | None = None) -> None:
         """Record a worker's registration; a new `session_sha256` binds it to another process."""
-        key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
-                   registrations.c.stage == worker[1])
-        values: dict[str, Any] = dict(address=address, pid=pid, registered_at=time.time())
-        if session_sha256 is not None:
-            values["session_sha256"] = session_sha256
+        self.register_workers(job_id, [(worker, address, pid, session_sha256)])
+
+    def register_workers(self, job_id: str, rows: list[tuple[tuple[int, int], str | None, int | None,
+                                                           str | None]]) -> None:
+        """Record registrations (worker, address, pid, session hash or None to keep it) in one
+        transaction: thousands of workers registering at once cost one commit, not thousands."""
+        now = time.time()
         with self._job_write(job_id) as conn:
-            changed = conn.execute(update(registrations).where(key).values(**values)).rowcount
-            if not changed:
-                conn.execute(insert(registrations).values(
-                    job_id=job_id, pipeline=worker[0], stage=worker[1], **values))
+            for worker, address, pid, session_sha256 in rows:
+                key = and_(registrations.c.job_id == job_id, registrations.c.pipeline == worker[0],
+                           registrations.c.stage == worker[1])
+                values: dict[str, Any] = dict(address=address, pid=pid, registered_at=now)
+                if session_sha256 is not None:
+                    values["session_sha256"] = session_sha256
+                changed = conn.execute(update(registrations).where(key).values(**values)).rowcount
+                if not changed:
+                    conn.execute(insert(registrations).values(
+                        job_id=job_id, pipeline=worker[0], stage=worker[1], **values))
 
     def registrations(self, job_id: str) -> dict[tuple[int, int], dict]:
         with self.engine.connect() as conn:

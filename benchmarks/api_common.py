@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
 
 
-def start_service(**env: str) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory]:
+def start_service(launcher: tuple[str, ...] = (sys.executable,), **env: str
+                  ) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory]:
+    """`launcher`: the command that runs `-m cli.main serve` (e.g. under `taskset -c 1`, cProfile)."""
     tmp = tempfile.TemporaryDirectory(prefix="recycle-bench-")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -30,7 +32,7 @@ def start_service(**env: str) -> tuple[subprocess.Popen, str, tempfile.Temporary
     full_env = {**os.environ, "RECYCLE_DATABASE_URL": f"sqlite:///{tmp.name}/bench.db",
                 "RECYCLE_ACCESS_LOG": "false", **env}
     log = open(Path(tmp.name) / "service.log", "wb")  # noqa: SIM115 - lives as long as the service
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([*launcher, "-m", "cli.main", "serve", "--port", str(port)], cwd=REPO,
                             env=full_env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -1,13 +1,21 @@
 """Benchmark: 4,096 simulated worker daemons against one server (issue 9's scale bar).
 
 Every daemon heartbeats at the service's default interval on one keep-alive connection and
-long-polls its assignment on another, as executor daemons do. After a warm-up, one failure is
+long-polls its assignment on another, as executor daemons do (`executor/membership.py`): with the
+job's worker token, the first beat registers (with its pid), later beats send no body and the
+registration id. After a warm-up, one failure is
 reported; measured: heartbeat latency percentiles over the whole run and the time from the report
 until every alive daemon holds its new generation's instruction stream (assignment of the new
 generation, which embeds the worker's stream). Two cases: the failure's plan precomputed and not.
 Bars: heartbeat p99 < 100 ms; all hold the new stream < 3 s after a precomputed failure.
 
     python benchmarks/api_daemons.py [--pipelines 64 --stages 64 --microbatches 8] [--warmup 10]
+        [--pin] [--ramp S] [--profile DIR]
+
+`--pin` runs the load generator on CPU 0 and the server on CPU 1 (`taskset`), so neither steals the
+other's core; the generator reports its own event-loop lag (how late a 10 ms timer fires): when that
+lag is large, the latencies measure the generator, not the server. `--profile DIR` runs the server
+under cProfile and writes one `.prof` per case.
 """
 
 from __future__ import annotations
@@ -15,19 +23,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
+from pathlib import Path
 
 import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
 
+TOKEN = "bench-admin-token-0123456789"
+T0 = time.perf_counter()
 
-async def daemons(url: str, job_id: str, workers: list, failed: list, interval: float, warmup: float,
-                  after: float) -> dict:
+
+def progress(what: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {what}", file=sys.stderr, flush=True)
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
+                  warmup: float, after: float, ramp: float) -> dict:
     host, port = host_port(url)
-    beats: list[float] = []
+    beats: list[tuple[float, float]] = []  # (begun at, latency)
+    registering: list[float] = []  # each daemon's first beat: it registers (a database write)
     held: dict[tuple, float] = {}
     errors = {"heartbeat": 0}
     stop = asyncio.Event()
+    lags: list[float] = []
+
+    async def lag_monitor() -> None:
+        # How late a 10 ms sleep wakes up: the generator's own event-loop delay.
+        while not stop.is_set():
+            started = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append(time.perf_counter() - started - 0.01)
+
+    monitor = asyncio.ensure_future(lag_monitor())
     opened = asyncio.Semaphore(256)  # open the 2 x D connections without a SYN flood
 
     async def connect() -> Connection:
@@ -38,43 +68,88 @@ async def daemons(url: str, job_id: str, workers: list, failed: list, interval: 
         p, s = worker
         conn = await connect()
         await asyncio.sleep(offset)  # spread the beats over the interval, as independent daemons are
-        body = {"address": f"10.0.{p}.{s}:29500", "pid": 1000 + p * 1000 + s}
-        while not stop.is_set():
+        auth = {"Authorization": f"Bearer {token}"}
+        path = f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat"
+        while True:  # register; a refused or dropped attempt is counted and tried again
             started = time.perf_counter()
-            status, _ = await conn.request("POST", f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat", body)
-            beats.append(time.perf_counter() - started)
+            try:
+                status, answer = await conn.request("POST", path, {"pid": 1000 + p * 1000 + s}, auth)
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status, answer = -1, b""
+            if status == 200:
+                break
+            errors[f"register_{status}"] = errors.get(f"register_{status}", 0) + 1
+            await conn.close()
+            conn = await connect()
+        registering.append(time.perf_counter() - started)
+        auth["X-Recycle-Registration"] = json.loads(answer)["registration"]
+        while not stop.is_set():
+            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+            started = time.perf_counter()
+            status, _ = await conn.request("POST", path, None, auth)
+            beats.append((started, time.perf_counter() - started))
             if status != 200:
                 errors["heartbeat"] += 1
-            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
         await conn.close()
 
     async def poll(worker) -> None:
         p, s = worker
         conn = await connect()
         while True:
-            status, body = await conn.request(
-                "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60")
+            try:
+                status, body = await conn.request(
+                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
+                    {"Authorization": f"Bearer {token}"})
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status, body = -1, b""
             if status == 200 and json.loads(body)["generation"] >= 2:
                 held[worker] = time.perf_counter()
                 break
+            if status not in (200, 204):  # counted, then poll again on a new connection (as daemons do)
+                errors[f"poll_{status}"] = errors.get(f"poll_{status}", 0) + 1
+                await conn.close()
+                conn = await connect()
         await conn.close()
 
+    started_at = time.perf_counter()
     alive = [w for w in workers if list(w) != failed]
     n = len(workers)
-    beaters = [asyncio.ensure_future(heartbeat(w, interval * i / n)) for i, w in enumerate(workers)]
+    beaters = [asyncio.ensure_future(heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
+    deadline = time.perf_counter() + 300
+    while len(registering) < n:  # the start-up storm: every daemon registers (a database write)
+        assert time.perf_counter() < deadline, f"only {len(registering)} of {n} registered in 300 s"
+        await asyncio.sleep(0.05)
+    registered_at = time.perf_counter()
+    progress(f"all {n} daemons registered ({errors}); {warmup:g} s of steady beats, then the failure")
     await asyncio.sleep(warmup)
+    window = sorted(b * 1000 for at, b in beats if at >= registered_at)
+    progress(f"steady window: {len(window) / warmup:.0f} beats/s, p50 {percentile(window, 0.5):.1f} ms, "
+             f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
+             f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms; reporting the failure")
     report = await Connection(host, port).open()
     reported = time.perf_counter()
-    status, body = await report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed})
+    status, body = await asyncio.wait_for(
+        report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN), timeout=60)
     assert status == 200, body
     await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
+    progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s")
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
-    await asyncio.wait_for(asyncio.gather(*beaters), timeout=60)
+    ended = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
     await report.close()
-    ms = [b * 1000 for b in beats]
-    return {"daemons": n, "heartbeats": len(ms), "heartbeat_errors": errors["heartbeat"],
+    # Steady state: every beat begun once all daemons had registered (the failure included).
+    ms = [b * 1000 for at, b in beats if at >= registered_at]
+    lag_ms = [x * 1000 for x in lags]
+    startup_ms = [b * 1000 for at, b in beats if at < registered_at] or [0.0]
+    return {"generator_loop_lag_p50_ms": round(percentile(lag_ms, 0.50), 2),
+            "generator_loop_lag_p99_ms": round(percentile(lag_ms, 0.99), 2),
+            "all_registered_s": round(registered_at - started_at, 2),
+            "registering_beat_p99_ms": round(percentile([r * 1000 for r in registering], 0.99), 2),
+            "startup_heartbeat_p99_ms": round(percentile(startup_ms, 0.99), 2),
+            "heartbeats_per_s": round(len(ms) / (ended - registered_at), 1),
+            "daemons": n, "heartbeats": len(ms), "errors": errors,
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
@@ -89,7 +164,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of heartbeats before the failure")
     ap.add_argument("--after", type=float, default=3.0, help="seconds of heartbeats after all hold it")
     ap.add_argument("--cases", default="precomputed,not_precomputed")
+    ap.add_argument("--pin", action="store_true", help="generator on CPU 0, server on CPU 1")
+    ap.add_argument("--ramp", type=float, help="seconds over which the daemons start (default: one "
+                    "heartbeat interval, all at once)")
+    ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     args = ap.parse_args()
+    launcher: tuple[str, ...] = (sys.executable,)
+    if args.pin:
+        os.sched_setaffinity(0, {0})
+        launcher = ("taskset", "-c", "1", *launcher)
     spec = scenario("uniform-4x4x8.json", pipelines=args.pipelines, stages=args.stages,
                     microbatches=args.microbatches)
     workers = [(p, s) for p in range(args.pipelines) for s in range(args.stages)]
@@ -97,18 +180,31 @@ def main() -> None:
     results = {}
     for case in args.cases.split(","):
         failed = failures[case]
-        proc, url, _tmp = start_service(RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false")
+        run_as = launcher
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            profiled = str(Path(__file__).with_name("profiled.py"))
+            run_as = (*launcher, profiled, str(args.profile / f"{case}.prof"))
+        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false",
+                                        RECYCLE_SOLVE_DEADLINE_S="600", RECYCLE_API_TOKEN=TOKEN)
         try:
-            with httpx.Client(base_url=url, timeout=300) as c:
-                job_id = c.post("/v1/jobs", json=spec).json()["id"]
+            with httpx.Client(base_url=url, timeout=300, headers=ADMIN) as c:
+                created = c.post("/v1/jobs", json=spec).json()
+                job_id, token = created["id"], created["worker_token"]
                 first = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment", params={"wait_s": 300}).json()
                 assert first["generation"] == 1, first
                 interval = first.get("heartbeat_interval_s") or c.get(
                     f"/v1/jobs/{job_id}/membership").json()["heartbeat_interval_s"]
+                progress(f"{case}: job {job_id} running generation 1")
                 if case == "precomputed":
                     plan = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [failed], "wait_s": 300}).json()
                     assert plan["status"] == "done", plan
-            results[case] = run_loop(daemons(url, job_id, workers, failed, interval, args.warmup, args.after))
+                    progress("failure's plan precomputed")
+            results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
+                                             args.after, args.ramp if args.ramp is not None else interval))
+        except BaseException:
+            print((Path(_tmp.name) / "service.log").read_text()[-3000:], file=sys.stderr)
+            raise
         finally:
             stop_service(proc)
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",

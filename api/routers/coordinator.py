@@ -23,13 +23,14 @@ Index = Annotated[int, Path(ge=0, le=2**31 - 1)]
 @router.post("/workers/{pipeline}/{stage}/heartbeat", response_model=MembershipState,
              responses={409: {"model": ProblemDocument}})
 async def heartbeat(pipeline: Index, stage: Index, caller: CallerDep, job: JobDep, services: ServicesDep,
-                    body: Annotated[HeartbeatIn | None, Body()] = None) -> dict:
+                    body: Annotated[HeartbeatIn | None, Body()] = None) -> Response:
     """Register (first beat) or stay alive. Beat every `heartbeat_interval_s`; a registered worker
     silent for `heartbeat_timeout_s` is declared failed. With a worker token, a registration answers
     `registration`: send it as `X-Recycle-Registration` on every later call; another process beating
     for a live registered worker is refused (409)."""
     body = body or HeartbeatIn()
-    return await services.coordinator.heartbeat(job, (pipeline, stage), body.address, body.pid, caller)
+    answer = await services.coordinator.heartbeat(job, (pipeline, stage), body.address, body.pid, caller)
+    return Response(answer, media_type="application/json")
 
 
 @router.post("/failures", response_model=MembershipState,

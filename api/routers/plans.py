@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
@@ -46,11 +47,16 @@ def summary(job: JobRow, plan: PlanRow) -> PlanSummary:
              responses={202: {"model": PlanSummary, "description": "Still solving: poll `Location`."}})
 async def request_plan(body: PlanRequest, job: JobDep, services: ServicesDep) -> Response:
     plan, future = await services.plans.request(job, body.failed)
+    deadline = time.monotonic() + min(body.wait_s, services.settings.max_wait_s)
     if future is not None:
-        wait = min(body.wait_s, services.settings.max_wait_s)
-        if wait > 0:
-            await asyncio.wait([future], timeout=wait)  # never cancels the shared solve
+        if body.wait_s > 0:
+            await asyncio.wait([future], timeout=deadline - time.monotonic())  # never cancels the solve
         plan = await services.plans.get(job, plan.id)
+    # A plan asked for ahead of time is ready to serve when the answer says done: its streams are
+    # built (within the request's wait; a worker failure then needs no work at all).
+    warming = services.plans.warm(job, plan)
+    if warming is not None and deadline > time.monotonic():
+        await asyncio.wait([warming], timeout=deadline - time.monotonic())
     doc = summary(job, plan).model_dump(mode="json")
     if plan.status == "pending":
         headers = {"Location": doc["links"]["self"], "Retry-After": "1"}

@@ -111,7 +111,7 @@ def test_missed_heartbeats_fail_a_worker(client):
         if state["generation"] > generation:
             break
         time.sleep(0.2)
-    assert state["failed"] == [[1, 0]] and "missed heartbeats" in state["reason"]
+    assert state["failed"] == [[1, 0]] and "missed heartbeats" in state["reason"], state
     assert poll(client, job_id, (1, 0), after=generation)["status"] == "excluded"
 
 
