@@ -182,3 +182,41 @@ def test_answers_are_the_shared_head_with_each_workers_part_spliced_in():
     m.plan_ready(*running("p3", 10.0))  # running again, as in generation 2
     again = json.loads(state.body("j", m, (0, 0)))
     assert (again["generation"], again["plan_id"], again["failed"]) == (3, "p3", [])
+
+
+class CountingStore:
+    """Stands in for `api.store.Store`: records each registration transaction."""
+
+    def __init__(self) -> None:
+        self.transactions: list[tuple[str, list]] = []
+
+    def register_workers(self, job_id: str, rows: list) -> None:
+        self.transactions.append((job_id, list(rows)))
+
+
+def test_a_beat_writes_only_what_changes_and_registrations_together_share_a_transaction():
+    import asyncio
+
+    from api.membership_store import MembershipStore
+
+    async def scenario() -> tuple[list, dict]:
+        store = CountingStore()
+        persist = MembershipStore(store)  # type: ignore[arg-type]
+        records: dict = {}
+        # 64 workers register at once (first beats with their pid): one transaction.
+        await asyncio.gather(*(persist.record("j", (0, s), None, 1000 + s, f"h{s}", records)
+                               for s in range(64)))
+        after_register = len(store.transactions)
+        # Later beats with nothing new (no body; or the same pid again) write nothing.
+        for s in range(64):
+            await persist.record("j", (0, s), None, None, None, records)
+            await persist.record("j", (0, s), None, 1000 + s, None, records)
+        assert len(store.transactions) == after_register
+        # An address change is written, keeping the pid and the binding already stored.
+        await persist.record("j", (0, 3), "10.0.0.3:29500", None, None, records)
+        return store.transactions, records
+
+    transactions, records = asyncio.run(scenario())
+    assert len(transactions) == 2 and len(transactions[0][1]) == 64
+    assert transactions[1] == ("j", [((0, 3), "10.0.0.3:29500", 1003, None)])
+    assert records[(0, 3)] == ("10.0.0.3:29500", 1003, "h3")
