@@ -13,10 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from executor.service import LocalService
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
@@ -24,26 +23,16 @@ SCENARIOS = REPO.parent / "shared" / "scenarios"
 
 def start_service(launcher: tuple[str, ...] = (sys.executable,), **env: str
                   ) -> tuple[subprocess.Popen, str, tempfile.TemporaryDirectory]:
-    """`launcher`: the command that runs `-m cli.main serve` (e.g. under `taskset -c 1`, cProfile)."""
+    """`recycle serve` on SQLite in a temporary folder (or `RECYCLE_DATABASE_URL`), with the
+    service's own defaults but the access log; `launcher` runs `-m cli.main serve` (e.g. under
+    `taskset -c 1`, cProfile). Returns (process, URL, the folder holding `service.log`)."""
     tmp = tempfile.TemporaryDirectory(prefix="recycle-bench-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    full_env = {**os.environ, "RECYCLE_DATABASE_URL": f"sqlite:///{tmp.name}/bench.db",
-                "RECYCLE_ACCESS_LOG": "false", **env}
-    log = open(Path(tmp.name) / "service.log", "wb")  # noqa: SIM115 - lives as long as the service
-    proc = subprocess.Popen([*launcher, "-m", "cli.main", "serve", "--port", str(port)], cwd=REPO,
-                            env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url, tmp
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("service did not start: " + (Path(tmp.name) / "service.log").read_text())
+    service = LocalService(Path(tmp.name), env, database_url=env.get("RECYCLE_DATABASE_URL")
+                           or f"sqlite:///{tmp.name}/bench.db", launcher=launcher,
+                           defaults={"RECYCLE_ACCESS_LOG": "false"})
+    service.start()
+    assert service.proc is not None
+    return service.proc, service.url, tmp
 
 
 @contextlib.contextmanager

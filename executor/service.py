@@ -20,6 +20,10 @@ FAST_COORDINATOR = {"RECYCLE_HEARTBEAT_INTERVAL_S": "0.25", "RECYCLE_HEARTBEAT_T
 watchdog period), inside the 2 s detection bar. Broken connections are reported faster still."""
 
 
+TRAINING = {"RECYCLE_ACCESS_LOG": "false", "RECYCLE_LOG_LEVEL": "WARNING", **FAST_COORDINATOR}
+"""What a training launcher's service runs with: quiet logs, fast failure detection."""
+
+
 class ServiceError(RuntimeError):
     """The service could not be started, reached, or refused a request (the message says why)."""
 
@@ -35,16 +39,17 @@ class LocalService:
     `workdir`: the one way the launchers, the API tests and the API benchmarks start a service."""
 
     def __init__(self, workdir: Path, env: dict[str, str] | None = None, database_url: str | None = None,
-                 launcher: tuple[str, ...] = (sys.executable,), log_path: Path | None = None):
+                 launcher: tuple[str, ...] = (sys.executable,), log_path: Path | None = None,
+                 defaults: dict[str, str] | None = None):
         """`env` may set `RECYCLE_API_TOKEN` (then `token` holds it, for the launcher's client);
-        `launcher` runs `-m cli.main serve` (e.g. under `taskset`); the log goes to `log_path`."""
+        `launcher` runs `-m cli.main serve` (e.g. under `taskset`); the log goes to `log_path`;
+        `defaults` (settings `env` may override) default to the training launchers' `TRAINING`."""
         self.workdir = Path(workdir)
         self.database_url = database_url or f"sqlite:///{self.workdir / 'recycle.db'}"
         self.launcher = tuple(launcher)
         self.log_path = Path(log_path) if log_path else self.workdir / "service.log"
-        self.env = {**os.environ, "RECYCLE_ACCESS_LOG": "false", "RECYCLE_LOG_LEVEL": "WARNING",
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                    **FAST_COORDINATOR, **(env or {})}
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get(
+            "PYTHONPATH")])), **(TRAINING if defaults is None else defaults), **(env or {})}
         self.token: str | None = self.env.get("RECYCLE_API_TOKEN") or None
         self.proc: subprocess.Popen | None = None
         self.url = ""

@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from executor.service import LocalService, free_port  # noqa: F401 - free_port for the tests
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
@@ -46,44 +45,13 @@ def small_job(pipelines: int = 4, stages: int = 4, microbatches: int = 8) -> dic
     return {**UNIFORM, "pipelines": pipelines, "stages": stages, "microbatches": microbatches}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(LocalService):
     """One `recycle serve` process; `kill9` and `start` again on the same database."""
 
     def __init__(self, database_url: str, log_path: Path, **env: str):
-        self.database_url, self.log_path = database_url, log_path
-        self.env = {
-            **os.environ, "RECYCLE_DATABASE_URL": database_url, "RECYCLE_USE_CP": "false",
-            "RECYCLE_SOLVE_TIME_LIMIT_S": "2", "RECYCLE_ACCESS_LOG": "false", "PYTHONUNBUFFERED": "1",
-            **env,
-        }
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self, timeout_s: float = 60) -> Server:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes it for its whole life
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port)],
-                                     cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server did not become healthy in {timeout_s} s:\n{self.log_path.read_text()}")
+        super().__init__(Path(log_path).parent, env, database_url=database_url, log_path=log_path,
+                         defaults={"RECYCLE_USE_CP": "false", "RECYCLE_SOLVE_TIME_LIMIT_S": "2",
+                                   "RECYCLE_ACCESS_LOG": "false", "PYTHONUNBUFFERED": "1"})
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
@@ -92,15 +60,6 @@ class Server:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 def _postgres_schema_url() -> Iterator[str]:
