@@ -213,6 +213,10 @@ class Daemon:
         for it in range(restart, spec.iterations):
             if it in holds and self.faults.hold(it):
                 raise Interrupted(f"rejoin at iteration {it}")
+            if interrupt.is_set():
+                # A newer generation takes effect at the next iteration boundary at the latest: one
+                # that breaks no connection (an excluded live worker, a rejoin) interrupts no wait.
+                raise Interrupted(f"generation {gen} before iteration {it}")
             worker.run_iteration(it)
             if it in worker.losses:  # the launcher's record: outlives this process if it is killed
                 store.set(f"loss/{it}", repr(worker.losses[it]))

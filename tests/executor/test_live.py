@@ -130,6 +130,9 @@ def test_a_live_worker_declared_failed_rejoins_by_itself(service, reference, at)
     left, and the others must still finish rather than wait for them to come back."""
     client = ServiceClient(service.url)
     cluster = live(service, 2, 2, 30)  # ~0.1 s an iteration: the report lands well inside the run
+    # Its plan ready in advance, so the new generation settles at once rather than after a solve
+    # that a loaded machine can make outlast the run.
+    client.precompute(cluster.job_id, 1, timeout_s=60)
     reported = []
 
     def exclude_once(completed: int) -> None:
@@ -141,6 +144,7 @@ def test_a_live_worker_declared_failed_rejoins_by_itself(service, reference, at)
     assert reported, f"training never reached iteration {at}"
     assert_same(run.losses, run.stage_parameters, reference(2, 2, 30))
     if at < 30:
+        # The generation that excluded it may be superseded by its rejoin before anyone runs it.
         reasons = [g["reason"] for g in run.generations]
-        assert any("reported failed" in r for r in reasons) and "rejoined" in reasons[-1], reasons
+        assert len(reasons) >= 2 and "worker [1, 1] rejoined" in reasons[-1], reasons
         assert run.generations[-1]["failed"] == []
