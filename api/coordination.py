@@ -115,12 +115,17 @@ class Coordinator:
         return live
 
     # ------------------------------------------------------------------------------ transitions
-    async def _settle(self, live: Live, failed: tuple[Worker, ...] | set[Worker], cause: str | None,
-                      bump: bool = False) -> None:
-        """Set the failure set and its plan (caller holds `live.lock` or owns `live` exclusively)."""
+    async def _settle(self, live: Live, failed: tuple[Worker, ...] | set[Worker], cause: str | None) -> None:
+        """Set this generation's failure set and its plan (a job loaded or started, a solve retried;
+        caller holds `live.lock` or owns `live` exclusively). A new generation is `_change`."""
+        before = live.m.generation
+        await self._commit(live, before, live.m.set_failed(failed, cause, time.monotonic(), bump=False))
+
+    async def _commit(self, live: Live, before: int, needs_plan: bool) -> None:
+        """After a transition of `live.m` from generation `before`: ask for the plan it needs, store
+        it (compare-and-swap on `before`), publish it and wake the long-polls."""
         m = live.m
-        before = m.generation
-        if m.set_failed(failed, cause, time.monotonic(), bump):
+        if needs_plan:
             await self._request_plan(live)
         try:
             await self.persist.save(live.job.id, m, expected=before)
@@ -177,11 +182,12 @@ class Coordinator:
 
     async def _change(self, live: Live, add: set[Worker], remove: set[Worker], cause: str) -> None:
         async with live.lock:  # the set is computed here: one taken before waiting would undo others'
-            failed = (set(live.m.failed) | add) - remove
-            if failed == set(live.m.failed):
-                return
-            await self._settle(live, failed, cause, bump=True)
             m = live.m
+            before = m.generation
+            needs_plan = m.change((set(m.failed) | add) - remove, cause, time.monotonic())
+            if needs_plan is None:
+                return
+            await self._commit(live, before, needs_plan)
             log.info("generation changed", extra={"job_id": live.job.id, "generation": m.generation,
                                                   "failed": [list(w) for w in m.failed], "cause": cause,
                                                   "status": m.status})

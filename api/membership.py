@@ -230,23 +230,12 @@ class Membership:
     def assignment_head(self, job_id: str, excluded: Worker | None = None) -> dict:
         """This settled generation's assignment, less `worker` and its instruction stream (shared
         by every alive worker); for `excluded`, a failed worker, its `excluded` answer."""
-        status, reason = self.status, self.reason
+        head = {**self.state(job_id), "alive": self.alive()}
         if excluded is not None:
-            status = "excluded"
-            reason = (f"worker {list(excluded)} is in the failure set of generation {self.generation}; "
-                      "report a rejoin (POST .../rejoins) to come back")
-        return {
-            "job_id": job_id,
-            "generation": self.generation,
-            "status": status,
-            "reason": reason,
-            "plan_id": self.plan_id,
-            "failed": [list(w) for w in self.failed],
-            "alive": self.alive(),
-            "iteration_ms": self.iteration_ms,
-            "heartbeat_interval_s": self.timeouts.heartbeat_interval_s,
-            "heartbeat_timeout_s": self.timeouts.heartbeat_timeout_s,
-        }
+            head["status"] = "excluded"
+            head["reason"] = (f"worker {list(excluded)} is in the failure set of generation "
+                              f"{self.generation}; report a rejoin (POST .../rejoins) to come back")
+        return head
 
     def streamed(self, worker: Worker) -> bool:
         """Whether the worker's assignment carries an instruction stream: it runs this plan."""

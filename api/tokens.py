@@ -33,6 +33,11 @@ def worker_token_job(secret: str, given: str) -> str | None:
     return job_id if hmac.compare_digest(given.encode(), worker_token(secret, job_id).encode()) else None
 
 
+def is_admin(given: str, secret: str) -> bool:
+    # Constant-time comparison: the time taken says nothing about how much of the token matched.
+    return hmac.compare_digest(given.encode(), secret.encode())
+
+
 def bearer(authorization: str | None) -> str:
     """The credentials of an `Authorization: Bearer ...` header ("" for anything else)."""
     scheme, _, given = (authorization or "").partition(" ")
@@ -43,10 +48,7 @@ def admit(secret: str | None, given: str, job_id: str, registration: str | None)
     """Who may use a coordinator route of `job_id` with the bearer credentials `given`: the admin
     (or anyone, without a token configured), or the job's own worker token; None: refused (the
     caller says why: 401 for no valid token, 403 for another job's)."""
-    if secret is None:
-        return Caller(admin=True, registration=registration)
-    # Constant-time comparison: the time taken says nothing about how much of the token matched.
-    if hmac.compare_digest(given.encode(), secret.encode()):
+    if secret is None or is_admin(given, secret):
         return Caller(admin=True, registration=registration)
     if worker_token_job(secret, given) == job_id:
         return Caller(admin=False, job_id=job_id, registration=registration)
