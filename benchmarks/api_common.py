@@ -9,13 +9,12 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from executor.service import LocalService
+from executor.service import LocalService, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
@@ -48,9 +47,7 @@ def throwaway_postgres():
             subprocess.run(["useradd", "--system", "--no-create-home", "recycle-pg"], check=True)
         shutil.chown(tmp, "recycle-pg")
         runas = ["runuser", "-u", "recycle-pg", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     data = f"{tmp}/data"
     subprocess.run([*runas, f"{bindir}/initdb", "-D", data, "-U", "recycle", "--auth=trust"], check=True,
                    capture_output=True)

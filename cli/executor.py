@@ -58,7 +58,7 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--rejoin", action="append", default=[], metavar="P:S@ITER",
                    help="restart killed worker P:S; it rejoins at iteration ITER; repeatable")
     t.add_argument("--service", metavar="URL", help="use this plan service instead of starting one (its "
-                   "admin token from RECYCLE_TOKEN)")
+                   "admin token from RECYCLE_TOKEN or RECYCLE_TOKEN_FILE)")
     t.add_argument("--job", metavar="FILE", help="job spec JSON to plan with instead of profiling")
     t.add_argument("--reps", type=int, default=5, help="profile repetitions per figure (default 5)")
     t.add_argument("--solve-time-limit", type=float, default=2.0,

@@ -73,7 +73,7 @@ def check_device(device: str, workers: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from cli.worker import WorkerInputError, check_checkpoint_options
+    from cli.worker import WorkerInputError, check_checkpoint_options, service_token
     from executor.app import AppError, load_app, validate_app
     from executor.cluster import LiveCluster, LiveRunError, check_faults, parse_kill, parse_rejoin
     from executor.data import DataConfig
@@ -101,6 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_faults(args.pipelines, args.stages, args.iterations, faults, rejoins)
         check_checkpoint_options(args)
         check_device(args.device, args.pipelines * args.stages)
+        given_token = service_token(dict(os.environ)) if args.service else None
         spec = _job_spec(args, model, data, app)
     except (ConfigError, SpecError, AppError, WorkerInputError) as exc:
         _err(str(exc))
@@ -110,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         service = None
         try:
             if args.service:
-                url, token = args.service, os.environ.get("RECYCLE_TOKEN") or None
+                url, token = args.service, given_token
             else:
                 # Authenticated even on loopback: the launcher keeps the admin token and its workers
                 # get only the job's worker token, as on a real cluster.

@@ -44,7 +44,7 @@ EXIT_OK, EXIT_STOPPED = 0, 3
 
 
 DONE_KEY = "training/done"
-"""Set by the first worker that sees every worker of a generation finish the last iteration: from
+"""Set by each worker that sees every worker of a generation finish the last iteration: from
 then on training is complete whatever membership changes follow (a finished peer has left, and its
 silence must not make the others rerun or wait for a rejoin)."""
 
@@ -277,10 +277,13 @@ class Daemon:
             time.sleep(0.01)
         self.store.set(DONE_KEY, str(gen))
 
+    def _holds_final_state(self) -> bool:
+        return self.has_state and self.worker.completed >= self.spec.iterations
+
     def _finished(self) -> bool:
         """Training is complete (a peer saw everyone finish, or every worker of the exit barrier this
         worker entered has entered it) and this worker holds its final state."""
-        if not (self.has_state and self.worker.completed >= self.spec.iterations):
+        if not self._holds_final_state():
             return False
         if self.store.check([DONE_KEY]):
             return True
@@ -289,7 +292,7 @@ class Daemon:
     def _await_finish(self) -> bool:
         """For a worker holding the final state: whether its exit barrier completes within the
         operation timeout (False at once for a worker that has not finished)."""
-        if not (self.has_state and self.worker.completed >= self.spec.iterations):
+        if not self._holds_final_state():
             return False
         deadline = time.monotonic() + self.timeouts.operation_s
         while time.monotonic() < deadline:
