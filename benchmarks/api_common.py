@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from executor.service import LocalService, free_port
+from executor.service import stop_process as stop_service  # noqa: F401  (the benchmarks hold the process)
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
@@ -62,15 +63,6 @@ def throwaway_postgres():
         subprocess.run([*runas, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def stop_service(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 class Connection:
