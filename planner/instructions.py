@@ -62,7 +62,8 @@ def instruction_stream(
     return InstructionStream.model_validate_json(instruction_stream_json(job, failed, ops, worker))
 
 
-def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: Sequence[Op], worker: Worker) -> bytes:
+def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: Sequence[Op],
+                            worker: Worker) -> bytes:
     """The same stream as compact JSON bytes, written directly: after a failure a service answers
     every worker of a 147k-op plan at once, and one pydantic object per instruction (or even one
     dict) is most of that time. The one builder of streams; `instruction_stream` parses its output."""
