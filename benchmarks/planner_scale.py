@@ -7,7 +7,7 @@ Per-stage times are the GPT 1.5B profile of shared/scenarios/gpt-1.5b-8x8x24.jso
 measurements); only the sizes change.
 
     python benchmarks/planner_scale.py [--runs 5] [--profile] [--size 1024x16x64] [--cp] [--summary]
-        [--check-timeline]
+        [--check-timeline] [--failures 8]
 
 `--size PxSxM` plans a larger job (e.g. 1024x16x64, issue 8's 16,384-GPU bar: < 10 s, < 1 GB);
 the eight failed workers stay in eight different pipelines, spread over the stages. `--cp` leaves
@@ -43,14 +43,14 @@ FAILED = [(p, (5 * p) % 16) for p in range(0, 32, 4)]
 BAR_S = 3.0
 
 
-def set_size(text: str) -> None:
-    """Switch SIZE and FAILED to a PxSxM job (eight failures in eight different pipelines)."""
+def set_size(text: str, failures: int = 8) -> None:
+    """Switch SIZE and FAILED to a PxSxM job (`failures` failures in as many different pipelines)."""
     global FAILED, BAR_S
     BAR_S = 10.0  # issue 8's bar for the 16,384-GPU job
     p, s, m = (int(x) for x in text.lower().split("x"))
     SIZE.update(pipelines=p, stages=s, microbatches=m)
-    step = max(1, p // 8)
-    FAILED = [(q, (5 * q // step) % s) for q in range(0, step * min(8, p), step)]
+    step = max(1, p // failures)
+    FAILED = [(q, (5 * q // step) % s) for q in range(0, step * min(failures, p), step)]
 
 
 def job_spec() -> dict:
@@ -102,6 +102,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="timed runs (default 5, after one warm-up)")
     parser.add_argument("--profile", action="store_true", help="also profile one run with cProfile")
     parser.add_argument("--size", metavar="PxSxM", help="job size (default 32x16x64)")
+    parser.add_argument("--failures", type=int, default=8, help="with --size: failed workers (default 8)")
     parser.add_argument("--cp", action="store_true", help="leave CP-SAT on (the CLI's default)")
     parser.add_argument("--summary", action="store_true", help="--format summary (no timeline asked for)")
     parser.add_argument("--check-timeline", action="store_true",
@@ -110,7 +111,7 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     if args.size:
-        set_size(args.size)
+        set_size(args.size, args.failures)
 
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "plan.json"

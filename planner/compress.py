@@ -59,11 +59,16 @@ def receivers_for(job: JobSpec, damaged: int) -> int:
     budget with the representative, at least one, and never all the undamaged ones."""
     per_pipeline = 3 * job.stages * job.microbatches
     fit = COMPRESSED_MAX_OPS // per_pipeline - damaged - 1
-    return max(1, min(fit, job.pipelines - damaged - 2))
+    return max(1, min(fit, job.pipelines - damaged - 1))
+
+
+def can_compress(job: JobSpec, damaged: int) -> bool:
+    """A compressed job needs one receiver and the representative besides the damaged pipelines."""
+    return job.pipelines - damaged >= 2
 
 
 def should_compress(job: JobSpec, damaged: int) -> bool:
-    return job.op_count > COMPRESS_MIN_OPS and job.pipelines - damaged >= 3
+    return job.op_count > COMPRESS_MIN_OPS and can_compress(job, damaged)
 
 
 def with_pipelines(job: JobSpec, pipelines: int) -> JobSpec:

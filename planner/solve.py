@@ -24,6 +24,7 @@ from planner.candidates import (  # noqa: F401  (re-exported: tests and benchmar
 from planner.compress import (
     ExpandedOps,
     Expansion,
+    can_compress,
     dropping_expansion,
     receivers_for,
     replicated_expansion,
@@ -255,7 +256,7 @@ def _solve_compressed(
                         heuristic_ms=0.0, wall_s=0.0, time_limit_s=time_limit_s)
     if best is None or best[1] > bound.value_ms + 1e-6:
         damaged = len({p for p, _ in failed})
-        receivers = receivers_for(job, damaged) if receivers is None else receivers
+        receivers = min(receivers or receivers_for(job, damaged), job.pipelines - damaged - 1)
         left = max(0.0, time_limit_s - (time.perf_counter() - started))
         planned, _, stats, _ = _solve_canonical(with_pipelines(job, damaged + receivers), failed,
                                                  left, use_cp, seed, template=template)
@@ -307,7 +308,8 @@ def plan(
     ff = fault_free_plan(job)
     ff_ops = list(ff.ops)
     damaged = len({p for p, _ in canonical.failed})
-    compressed = should_compress(job, damaged) if compress is None else compress
+    wanted = should_compress(job, damaged) if compress is None else compress
+    compressed = wanted and can_compress(job, damaged)
     expansion: Expansion | None = None
     extra: dict[str, Any] = {}
     if not canonical.failed:

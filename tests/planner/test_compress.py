@@ -123,6 +123,25 @@ def test_small_jobs_are_not_compressed(job6):
     assert plan(job6, [(2, 1)], use_cp=False).expansion is None
 
 
+@pytest.mark.parametrize("failed", [[(0, 0), (1, 1)], [(0, 0), (1, 1), (2, 2)]])
+def test_too_few_undamaged_pipelines_for_a_representative(make_job, failed):
+    """3 pipelines: two damaged leave one receiver and no representative, three none at all; the
+    full plan is made instead of a compressed one."""
+    job = make_job(pipelines=3)
+    result = plan(job, failed, use_cp=False, compress=True, receivers=5)
+    assert result.expansion is None
+    assert validate(job, result.failed, result.ops) == []
+
+
+def test_receivers_are_capped_to_leave_a_representative(make_job):
+    job = make_job(pipelines=4)  # 1 damaged: at most 2 receivers, then the representative
+    result = plan(job, [(1, 1)], use_cp=False, compress=True, receivers=9)
+    assert result.expansion is not None
+    assert validate(job, result.failed, list(result.ops)) == []
+    assert "rerouted_ms" in result.extra["compressed_candidates"] or \
+        result.iteration_ms <= result.lower_bound_ms + 1e-6
+
+
 @pytest.mark.parametrize("failed", FAILURE_SETS)
 def test_instruction_streams_read_the_compressed_plan(job6, failed):
     canonical, _, _, reroute = _reroute(job6, failed, 1)
