@@ -122,6 +122,26 @@ class Expansion:
                     mb = None if o.microbatch is None else g.microbatch(k, o.microbatch)
                     yield Op(w, o.kind, mb, o.start_ms, o.end_ms)
 
+    def in_worker_order(self) -> Iterator[Op]:
+        """Every concrete op, sorted by (worker, start) as `sorted(ops, key=...)` would (stable:
+        equal starts keep the group's order), one at a time: a timeline is written without holding
+        the full op list."""
+        copy_of = {q: (g, k) for g in self.groups for k, q in enumerate(g.pipelines)}
+        stages: dict[int, dict[int, list[Op]]] = {}
+        for g in self.groups:
+            per_stage = stages[g.source] = {}
+            for o in g.ops:
+                per_stage.setdefault(o.worker[1], []).append(o)
+            for seq in per_stage.values():
+                seq.sort(key=lambda o: o.start_ms)
+        for q in sorted(copy_of):
+            g, k = copy_of[q]
+            for s, seq in sorted(stages[g.source].items()):
+                w = (q, s)
+                for o in seq:
+                    mb = None if o.microbatch is None else g.microbatch(k, o.microbatch)
+                    yield Op(w, o.kind, mb, o.start_ms, o.end_ms)
+
     def locate(self, pipeline: int) -> tuple[Group, int]:
         """The group and copy index that concrete `pipeline` runs."""
         for g in self.groups:

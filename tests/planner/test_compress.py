@@ -8,6 +8,7 @@ expanded plans are then checked by the unchanged validator and replayed by the u
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -155,3 +156,17 @@ def test_instruction_streams_read_the_compressed_plan(job6, failed):
             assert (instruction_stream_json(job6, sorted(dead), lazy, w)
                     == instruction_stream_json(job6, sorted(dead), full, w)), w
         assert lazy._ops is None
+
+
+@pytest.mark.parametrize("failed", FAILURE_SETS + [[]])
+def test_timeline_text_streams_the_expansion_in_order(job6, failed):
+    """The CLI writes a compressed plan's timeline from the expansion directly; the text must be
+    the one written from the expanded op list (sorted by worker and start)."""
+    import dataclasses
+
+    from cli.timeline_text import timeline_text
+
+    result = plan(job6, failed, use_cp=False, compress=True, receivers=1)
+    expanded = dataclasses.replace(result, ops=list(result.ops), expansion=None)
+    assert timeline_text(result) == timeline_text(expanded)
+    assert json.loads(timeline_text(result)) == expanded.timeline_json()
