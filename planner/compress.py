@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import overload
 
 from planner.spec import JobSpec, Worker
@@ -126,7 +127,7 @@ class Expansion:
         """Every concrete op, sorted by (worker, start) as `sorted(ops, key=...)` would (stable:
         equal starts keep the group's order), one at a time: a timeline is written without holding
         the full op list."""
-        copy_of = {q: (g, k) for g in self.groups for k, q in enumerate(g.pipelines)}
+        copy_of = self._copy_of
         stages: dict[int, dict[int, list[Op]]] = {}
         for g in self.groups:
             per_stage = stages[g.source] = {}
@@ -142,12 +143,21 @@ class Expansion:
                     mb = None if o.microbatch is None else g.microbatch(k, o.microbatch)
                     yield Op(w, o.kind, mb, o.start_ms, o.end_ms)
 
+    @cached_property
+    def _copy_of(self) -> dict[int, tuple[Group, int]]:
+        """Concrete pipeline -> (its group, its copy index)."""
+        return {q: (g, k) for g in self.groups for k, q in enumerate(g.pipelines)}
+
+    @cached_property
+    def _runs(self) -> dict[tuple[str, tuple[int, int], int], int]:
+        """(F or B, compressed micro-batch, stage) -> the compressed pipeline that runs it; built once
+        (a service answers every worker's stream from one plan)."""
+        return {(o.kind, o.microbatch, o.worker[1]): g.source
+                for g in self.groups for o in g.ops if o.kind in ("F", "B")}
+
     def locate(self, pipeline: int) -> tuple[Group, int]:
         """The group and copy index that concrete `pipeline` runs."""
-        for g in self.groups:
-            if pipeline in g.pipelines:
-                return g, g.pipelines.index(pipeline)
-        raise KeyError(pipeline)
+        return self._copy_of[pipeline]
 
     def worker_view(self, worker: Worker) -> tuple[list[Op], dict[tuple[str, tuple[int, int], int], Worker]]:
         """`worker`'s own ops in order and where the F/B ops it exchanges with run (stages s +- 1),
@@ -155,11 +165,7 @@ class Expansion:
         from planner.timeline import worker_orders
 
         group, k = self.locate(worker[0])
-        runs: dict[tuple[str, tuple[int, int], int], int] = {}
-        for g in self.groups:
-            for o in g.ops:
-                if o.kind in ("F", "B"):
-                    runs[(o.kind, o.microbatch, o.worker[1])] = g.source
+        runs = self._runs
         single = {g.source: g.pipelines[0] for g in self.groups if len(g.pipelines) == 1}
         own = [o for o in group.ops if o.worker[1] == worker[1]]
         ops, placement = [], {}
