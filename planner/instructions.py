@@ -8,10 +8,12 @@ the peer worker and the micro-batch, and each ALLREDUCE names the group of alive
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from planner.compress import ExpandedOps
 from planner.precedence import fed_by, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op, worker_orders
@@ -60,7 +62,8 @@ def instruction_stream(
     return InstructionStream.model_validate_json(instruction_stream_json(job, failed, ops, worker))
 
 
-def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], worker: Worker) -> bytes:
+def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: Sequence[Op],
+                            worker: Worker) -> bytes:
     """The same stream as compact JSON bytes, written directly: after a failure a service answers
     every worker of a 147k-op plan at once, and one pydantic object per instruction (or even one
     dict) is most of that time. The one builder of streams; `instruction_stream` parses its output."""
@@ -68,10 +71,13 @@ def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: list[
     dead = set(map(tuple, failed))
     if worker in dead:
         raise ValueError(f"worker {list(worker)} is in the failure set and runs nothing")
-    placement: dict[tuple[str, tuple[int, int], int], Worker] = {}
-    for op in ops:
-        if op.microbatch is not None and op.kind in ("F", "B"):
-            placement[(op.kind, op.microbatch, op.worker[1])] = op.worker
+    if isinstance(ops, ExpandedOps):  # a compressed plan: read from it, never expanded
+        own, placement = ops.expansion.worker_view(worker)
+    else:
+        own, placement = worker_orders(ops).get(worker, []), {}
+        for op in ops:
+            if op.microbatch is not None and op.kind in ("F", "B"):
+                placement[(op.kind, op.microbatch, op.worker[1])] = op.worker
     peers = [(q, s) for q in range(job.pipelines) if (q, s) not in dead]
     # Which op feeds which across a stage boundary: the one precedence graph (planner/precedence.py).
     rule3 = needs(job.costs, job.stages)
@@ -79,7 +85,7 @@ def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: list[
     send = {k: [n for n in feeds if n.hop] for k, feeds in fed_by(rule3).items()}
     out: list[str] = []
     add = out.append
-    for op in worker_orders(ops).get(worker, []):
+    for op in own:
         mb = op.microbatch
         if op.kind in ("ALLREDUCE", "OPTIMIZER"):
             add(_fragment(op.kind, group=peers if op.kind == "ALLREDUCE" else None, start=op.start_ms))

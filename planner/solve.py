@@ -21,6 +21,18 @@ from planner.candidates import (  # noqa: F401  (re-exported: tests and benchmar
     best_heuristic,
     heuristic_policies,
 )
+from planner.compress import (
+    ExpandedOps,
+    Expansion,
+    can_compress,
+    dropping_expansion,
+    receivers_for,
+    replicated_expansion,
+    reroute_expansion,
+    should_compress,
+    with_pipelines,
+)
+from planner.dropping import dropped_job
 from planner.failures import CanonicalFailure, normalize
 from planner.fault_free import fault_free_plan, replicate
 from planner.simulator import replay
@@ -49,12 +61,15 @@ class PlanResult:
     failed: tuple[Worker, ...]
     canonical: CanonicalFailure
     ops: list[Op]
+    """Every op of the plan; an `ExpandedOps` (built on first use) when `expansion` is set."""
     iteration_ms: float
     fault_free_iteration_ms: float
     lower_bound_ms: float
     bound_reason: str
     stats: SolverStats
     extra: dict[str, Any] = field(default_factory=dict)
+    expansion: Expansion | None = None
+    """The compressed plan and its expansion map (planner/compress.py), for jobs planned compressed."""
 
     @property
     def gap(self) -> float:
@@ -84,6 +99,8 @@ class PlanResult:
             "gap": round(self.gap, 6),
             "slowdown_vs_fault_free": round(self.iteration_ms / self.fault_free_iteration_ms, 6),
             **self.stats.to_json(),
+            **({"compressed_candidates": {k: round(v, 6) for k, v in candidates.items()}}
+               if (candidates := self.extra.get("compressed_candidates")) else {}),
         }
 
 
@@ -205,6 +222,69 @@ def _all_to_concrete(canonical: CanonicalFailure, ops: list[Op]) -> list[Op]:
     return out
 
 
+def _solve_compressed(
+    job: JobSpec,
+    canonical: CanonicalFailure,
+    time_limit_s: float,
+    use_cp: bool,
+    seed: int,
+    template: list[Op],
+    receivers: int | None = None,
+) -> tuple[Expansion, float, SolverStats, str, dict[str, float]]:
+    """Plan the compressed job (planner/compress.py): the damaged pipelines plus `receivers`
+    undamaged ones are planned as a job of their own, one representative runs the template for all
+    the other undamaged pipelines, and the compressed dropped-pipelines plan is kept when faster.
+    The dropped plan is made first (one pipeline's fault-free plan): when it reaches the full job's
+    proven bound nothing can beat it and the re-routing part is not planned at all.
+    Period: the compressed plan's replay (equal to the expanded plan's); bound: the full job's
+    (the planned part's own bound or CP-SAT proof is for a smaller job and is not used)."""
+    started = time.perf_counter()
+    failed = canonical.failed
+    bound = lower_bound(job, failed)
+    candidates: dict[str, float] = {}
+    best: tuple[Expansion, float, bool, int, str] | None = None
+    dropped = dropped_job(job, failed)
+    if dropped is not None:
+        drop_plan = fault_free_plan(dropped)
+        candidates["dropped_ms"] = drop_plan.iteration_ms
+        if drop_plan.settled:
+            # Never behind dropping the damaged pipelines (planner/dropping.py), compressed the same way.
+            expansion = dropping_expansion(job, failed, canonical.to_concrete, drop_plan.ops)
+            expansion.job, expansion.ops = fault_free_single(dropped), drop_plan.ops
+            best = (expansion, drop_plan.iteration_ms, True, 1, "drop-damaged-pipelines")
+    stats = SolverStats(status=SolveStatus.HEURISTIC, objective_ms=0.0, bound_ms=bound.value_ms,
+                        heuristic_ms=0.0, wall_s=0.0, time_limit_s=time_limit_s)
+    if best is None or best[1] > bound.value_ms + 1e-6:
+        damaged = len({p for p, _ in failed})
+        receivers = min(receivers or receivers_for(job, damaged), job.pipelines - damaged - 1)
+        left = max(0.0, time_limit_s - (time.perf_counter() - started))
+        planned, _, stats, _ = _solve_canonical(with_pipelines(job, damaged + receivers), failed,
+                                                 left, use_cp, seed, template=template)
+        expansion = reroute_expansion(job, failed, canonical.to_concrete, planned, template, receivers)
+        report = replay(expansion.job, list(expansion.ops))
+        candidates["rerouted_ms"] = report.iteration_ms
+        if best is None or report.iteration_ms < best[1] - 1e-9:
+            best = (expansion, report.iteration_ms, report.converged, report.cycle, stats.heuristic_policy)
+    assert best is not None
+    expansion, period, settled, cycle, policy = best
+    stats.bound_ms = bound.value_ms
+    stats.objective_ms = period
+    if stats.status is not SolveStatus.IMPROVED or policy == "drop-damaged-pipelines":
+        stats.status, stats.heuristic_ms = SolveStatus.HEURISTIC, period
+    if settled and period <= bound.value_ms + 1e-6:
+        stats.status = SolveStatus.OPTIMAL
+    stats.heuristic_policy = f"{expansion.name}+{policy}"
+    stats.replay_settled, stats.replay_cycle = settled, cycle
+    stats.time_limit_s = time_limit_s
+    return expansion, period, stats, bound.reason, candidates
+
+
+def fault_free_single(job: JobSpec) -> JobSpec:
+    from planner.fault_free import single_pipeline
+
+    return single_pipeline(job)
+
+
 def plan(
     job: JobSpec,
     failed: tuple[Worker, ...] | list = (),
@@ -212,18 +292,33 @@ def plan(
     use_cp: bool = True,
     seed: int = 0,
     check: bool = True,
+    compress: bool | None = None,
+    receivers: int | None = None,
 ) -> PlanResult:
     """Plan one iteration for `job` with the workers in `failed` dead.
 
     Raises `SpecError` for a failure set that cannot be planned (e.g. a stage with no survivor).
-    The result is validated against the contract's six rules unless `check` is False.
+    The result is validated against the contract's six rules unless `check` is False (a compressed
+    plan: its compressed job, planner/compress.py). `compress` None compresses above
+    `COMPRESS_MIN_OPS` only; True/False force it (tests, measurements); `receivers` overrides how
+    many undamaged pipelines the compressed job plans beside the damaged ones.
     """
     started = time.perf_counter()
     canonical = normalize(job, failed)
     ff = fault_free_plan(job)
     ff_ops = list(ff.ops)
+    damaged = len({p for p, _ in canonical.failed})
+    wanted = should_compress(job, damaged) if compress is None else compress
+    compressed = wanted and can_compress(job, damaged)
+    expansion: Expansion | None = None
+    extra: dict[str, Any] = {}
     if not canonical.failed:
-        ops = replicate(job, ff_ops)
+        if compressed:
+            expansion = replicated_expansion(ff_ops, job.pipelines)
+            expansion.job, expansion.ops = fault_free_single(job), tuple(ff_ops)
+            ops: Any = ExpandedOps(expansion)
+        else:
+            ops = replicate(job, ff_ops)
         period = ff.iteration_ms
         bound = lower_bound(job, ())
         reason = bound.reason
@@ -234,6 +329,11 @@ def plan(
             time_limit_s=time_limit_s, heuristic_policy=ff.policy, replay_settled=ff.settled,
             replay_cycle=1 if ff.settled else 0,
         )
+    elif compressed:
+        left = max(0.0, time_limit_s - (time.perf_counter() - started))
+        expansion, period, stats, reason, extra["compressed_candidates"] = _solve_compressed(
+            job, canonical, left, use_cp, seed, ff_ops, receivers)
+        ops = ExpandedOps(expansion)
     else:
         left = max(0.0, time_limit_s - (time.perf_counter() - started))
         ops, period, stats, reason = _solve_canonical(
@@ -243,7 +343,10 @@ def plan(
     stats.fault_free_method = ff.method
     concrete_failed = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
     if check:
-        violations = validate(job, concrete_failed, ops)
+        if expansion is not None:  # the compressed plan: valid exactly when its expansion is
+            violations = validate(expansion.job, expansion.failed, list(expansion.ops))
+        else:
+            violations = validate(job, concrete_failed, ops)
         if violations:
             raise PlanInvalid(violations)
     stats.wall_s = time.perf_counter() - started
@@ -257,4 +360,6 @@ def plan(
         lower_bound_ms=stats.bound_ms,
         bound_reason=reason,
         stats=stats,
+        extra=extra,
+        expansion=expansion,
     )
