@@ -67,14 +67,33 @@ def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
     return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
 
 
-def drain_work(costs: StageCosts, s: int, n: int, k: int) -> float:
-    """Most B/W work a stage-s worker can have left when its last F starts (see the docstring)."""
+def drain_work(costs: StageCosts, s: int, n: int, k: int, deferred: int = 0) -> float | None:
+    """Most B/W work a stage-s worker can run between its last F and that micro-batch's B when
+    `deferred` of the micro-batches it holds run their W only after its last B (see the docstring,
+    4.); None when it cannot hold that many."""
     b, w = costs.backward_input[s], costs.backward_weight[s]
-    best = 0.0
+    best = None
     for x in range(min(k, n)):  # x other micro-batches between F and B end (plus the last: x + 1 <= k)
         y = pending_w_cap(costs, s, x + 1, n - 1 - x)
-        if y >= 0:
-            best = max(best, x * (b + w) + y * w)
+        if y >= 0 and x + y >= deferred:
+            work = x * b + (x + y - deferred) * w
+            best = work if best is None else max(best, work)
+    return best
+
+
+def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
+    """Least time from a stage-s worker's first op to its last B end (docstring, 4.): every F and
+    B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W
+    takes it out of the drain window too. Minimised over how many W's are deferred."""
+    f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
+    best = float("inf")
+    for deferred in range(max(0, pending_w_cap(costs, s, 1, n - 1)) + 1):
+        work = drain_work(costs, s, n, k, deferred)
+        if work is None:
+            continue
+        drain = max(0.0, chain - work)
+        idle = fill + drain if n > k else max(fill, drain)
+        best = min(best, n * (f + b) + (n - 1 - deferred) * w + idle)
     return best
 
 
@@ -106,7 +125,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
-        drain_idle = max(0.0, chain - drain_work(costs, s, n, k))
+        drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
         # The windows before the first B and after the last F are disjoint when n > k (the
         # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
         idle[s] = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
@@ -117,9 +136,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         # 3. Memory-time: first F start -> last B end holds n windows of >= F + chain + B each, at
         # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
         # for >= W per micro-batch, at most L MB at once.
-        pending = pending_w_cap(costs, s, 1, n - 1)
-        work = n * (f[s] + b[s]) + max(0, n - 1 - pending) * w[s]
-        stretch[s] = max(work + idle[s], n * (f[s] + chain + b[s]) / max(held, 1))
+        stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, warmup_idle),
+                         n * (f[s] + chain + b[s]) / max(held, 1))
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
         mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]
