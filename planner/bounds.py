@@ -31,7 +31,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    the stage-b worker starts its last B every other micro-batch is past its B, so it holds a_b for
    that one plus aw_b for each whose W is pending: at most y = floor((L - a_b) / aw_b) pending,
    and at least n_b - 1 - y W's already ran before (added to the stage-b term), and the stage-b
-   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end).
+   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end). A W
+   deferred past the last B cannot also fill the drain window after the last F (its micro-batch
+   is held when that F starts), so the drain counts x B + (x + y' - y) W and the stretch is the
+   least over y (`stretch_to_last_b`; docs/notes/bounds.md, section 2).
 3. Memory-time (per stage s). Each micro-batch holds a_s from F start to B end for >= F + chain + B,
    at most min(k, n) at once, then aw_s until W end for >= W: first op -> last B end >= n (F + chain
    + B) / min(k, n), and first op -> last W end >= n (a (F + chain + B) + aw W) / L. This also
@@ -67,34 +70,48 @@ def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
     return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
 
 
+def held_at_last_f(costs: StageCosts, s: int, n: int, k: int) -> list[tuple[int, int]]:
+    """(x, y') pairs a stage-s worker may hold when its last F starts, each y' the largest for its
+    x: x other micro-batches between F start and B end (plus the last: x + 1 <= k), y' between B
+    end and W end, within the memory limit and x + y' <= n - 1."""
+    pairs = []
+    for x in range(min(k, n)):
+        y = pending_w_cap(costs, s, x + 1, n - 1 - x)
+        if y >= 0:
+            pairs.append((x, y))
+    return pairs
+
+
 def drain_work(costs: StageCosts, s: int, n: int, k: int, deferred: int = 0) -> float | None:
     """Most B/W work a stage-s worker can run between its last F and that micro-batch's B when
-    `deferred` of the micro-batches it holds run their W only after its last B (see the docstring,
-    4.); None when it cannot hold that many."""
+    `deferred` of the micro-batches it holds run their W only after its last B (module docstring,
+    2.); None when it cannot hold that many."""
     b, w = costs.backward_input[s], costs.backward_weight[s]
-    best = None
-    for x in range(min(k, n)):  # x other micro-batches between F and B end (plus the last: x + 1 <= k)
-        y = pending_w_cap(costs, s, x + 1, n - 1 - x)
-        if y >= 0 and x + y >= deferred:
-            work = x * b + (x + y - deferred) * w
-            best = work if best is None else max(best, work)
-    return best
+    works = [x * b + (x + y - deferred) * w for x, y in held_at_last_f(costs, s, n, k) if x + y >= deferred]
+    return max(works, default=None)
 
 
 def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
-    """Least time from a stage-s worker's first op to its last B end (docstring, 4.): every F and
-    B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W
+    """Least time from a stage-s worker's first op to its last B end (module docstring, 2.): every
+    F and B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W
     takes it out of the drain window too. Minimised over how many W's are deferred."""
     f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
-    best = float("inf")
-    for deferred in range(max(0, pending_w_cap(costs, s, 1, n - 1)) + 1):
-        work = drain_work(costs, s, n, k, deferred)
-        if work is None:
-            continue
-        drain = max(0.0, chain - work)
+    # Most drain work with `deferred` W's out of it: the best pair holding at least that many,
+    # less the deferred W's (a suffix maximum over pairs by how many they hold: linear, not n x k).
+    pairs = held_at_last_f(costs, s, n, k)
+    most = max((x + y for x, y in pairs), default=-1)
+    best_holding = [float("-inf")] * (most + 2)
+    for x, y in pairs:
+        best_holding[x + y] = max(best_holding[x + y], x * b + (x + y) * w)
+    for held in range(most - 1, -1, -1):
+        best_holding[held] = max(best_holding[held], best_holding[held + 1])
+    stretches = []
+    for deferred in range(min(max(0, pending_w_cap(costs, s, 1, n - 1)), most) + 1):
+        drain = max(0.0, chain - (best_holding[deferred] - deferred * w))
         idle = fill + drain if n > k else max(fill, drain)
-        best = min(best, n * (f + b) + (n - 1 - deferred) * w + idle)
-    return best
+        stretches.append(n * (f + b) + (n - 1 - deferred) * w + idle)
+    # No pair at all (not even one micro-batch fits: no valid plan): F's, B's and the fill still hold.
+    return min(stretches, default=n * (f + b) + fill)
 
 
 @dataclass(frozen=True, slots=True)

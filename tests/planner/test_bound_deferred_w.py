@@ -67,7 +67,8 @@ def middle_failures(draw):
     per = st.lists(whole, min_size=3, max_size=3)
     spec = {"pipelines": D, "stages": 3, "microbatches": M, "forward_ms": draw(per),
             "backward_input_ms": draw(per), "backward_weight_ms": draw(per),
-            "p2p_ms": draw(st.integers(0, 1).map(float)), "cross_pipeline_p2p_ms": draw(st.integers(0, 2).map(float)),
+            "p2p_ms": draw(st.integers(0, 1).map(float)),
+            "cross_pipeline_p2p_ms": draw(st.integers(0, 2).map(float)),
             "allreduce_ms": draw(st.integers(0, 3).map(float)), "optimizer_ms": 0.0,
             "activation_mb": 2.0, "activation_w_mb": draw(st.sampled_from([0.0, 1.0, 2.0])),
             "memory_limit_mb": draw(st.sampled_from([2.0, 3.0, 4.0, 6.0]))}
