@@ -23,9 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.failures import enumerate_failure_classes  # noqa: E402
-from planner.simulator import replay, validate  # noqa: E402
+from planner.simulator import replay  # noqa: E402
 from planner.solve import plan  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
+from planner.validate import validate  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "shared" / "scenarios"
 ZB_62B = dict(pipelines=1, stages=8, microbatches=24, forward_ms=29.7, backward_input_ms=29.4,

@@ -31,7 +31,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    the stage-b worker starts its last B every other micro-batch is past its B, so it holds a_b for
    that one plus aw_b for each whose W is pending: at most y = floor((L - a_b) / aw_b) pending,
    and at least n_b - 1 - y W's already ran before (added to the stage-b term), and the stage-b
-   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end).
+   worker's forced idle of 1 lies inside the same stretch (its first op -> its last B end). A W
+   deferred past the last B cannot also fill the drain window after the last F (its micro-batch
+   is held when that F starts), so the drain counts x B + (x + y' - y) W and the stretch is the
+   least over y (`stretch_to_last_b`; docs/notes/bounds.md, section 2).
 3. Memory-time (per stage s). Each micro-batch holds a_s from F start to B end for >= F + chain + B,
    at most min(k, n) at once, then aw_s until W end for >= W: first op -> last B end >= n (F + chain
    + B) / min(k, n), and first op -> last W end >= n (a (F + chain + B) + aw W) / L. This also
@@ -67,15 +70,48 @@ def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
     return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
 
 
-def drain_work(costs: StageCosts, s: int, n: int, k: int) -> float:
-    """Most B/W work a stage-s worker can have left when its last F starts (see the docstring)."""
-    b, w = costs.backward_input[s], costs.backward_weight[s]
-    best = 0.0
-    for x in range(min(k, n)):  # x other micro-batches between F and B end (plus the last: x + 1 <= k)
+def held_at_last_f(costs: StageCosts, s: int, n: int, k: int) -> list[tuple[int, int]]:
+    """(x, y') pairs a stage-s worker may hold when its last F starts, each y' the largest for its
+    x: x other micro-batches between F start and B end (plus the last: x + 1 <= k), y' between B
+    end and W end, within the memory limit and x + y' <= n - 1."""
+    pairs = []
+    for x in range(min(k, n)):
         y = pending_w_cap(costs, s, x + 1, n - 1 - x)
         if y >= 0:
-            best = max(best, x * (b + w) + y * w)
-    return best
+            pairs.append((x, y))
+    return pairs
+
+
+def drain_work(costs: StageCosts, s: int, n: int, k: int, deferred: int = 0) -> float | None:
+    """Most B/W work a stage-s worker can run between its last F and that micro-batch's B when
+    `deferred` of the micro-batches it holds run their W only after its last B (module docstring,
+    2.); None when it cannot hold that many."""
+    b, w = costs.backward_input[s], costs.backward_weight[s]
+    works = [x * b + (x + y - deferred) * w for x, y in held_at_last_f(costs, s, n, k) if x + y >= deferred]
+    return max(works, default=None)
+
+
+def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
+    """Least time from a stage-s worker's first op to its last B end (module docstring, 2.): every
+    F and B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W
+    takes it out of the drain window too. Minimised over how many W's are deferred."""
+    f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
+    # Most drain work with `deferred` W's out of it: the best pair holding at least that many,
+    # less the deferred W's (a suffix maximum over pairs by how many they hold: linear, not n x k).
+    pairs = held_at_last_f(costs, s, n, k)
+    most = max((x + y for x, y in pairs), default=-1)
+    best_holding = [float("-inf")] * (most + 2)
+    for x, y in pairs:
+        best_holding[x + y] = max(best_holding[x + y], x * b + (x + y) * w)
+    for held in range(most - 1, -1, -1):
+        best_holding[held] = max(best_holding[held], best_holding[held + 1])
+    stretches = []
+    for deferred in range(min(max(0, pending_w_cap(costs, s, 1, n - 1)), most) + 1):
+        drain = max(0.0, chain - (best_holding[deferred] - deferred * w))
+        idle = fill + drain if n > k else max(fill, drain)
+        stretches.append(n * (f + b) + (n - 1 - deferred) * w + idle)
+    # No pair at all (not even one micro-batch fits: no valid plan): F's, B's and the fill still hold.
+    return min(stretches, default=n * (f + b) + fill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +142,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
-        drain_idle = max(0.0, chain - drain_work(costs, s, n, k))
+        drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
         # The windows before the first B and after the last F are disjoint when n > k (the
         # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
         idle[s] = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
@@ -117,9 +153,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
         # 3. Memory-time: first F start -> last B end holds n windows of >= F + chain + B each, at
         # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
         # for >= W per micro-batch, at most L MB at once.
-        pending = pending_w_cap(costs, s, 1, n - 1)
-        work = n * (f[s] + b[s]) + max(0, n - 1 - pending) * w[s]
-        stretch[s] = max(work + idle[s], n * (f[s] + chain + b[s]) / max(held, 1))
+        stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, warmup_idle),
+                         n * (f[s] + chain + b[s]) / max(held, 1))
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
         mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]
