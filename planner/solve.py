@@ -46,7 +46,8 @@ HEURISTIC_SHARE = 0.3
 HEURISTIC_SHARE_WITHOUT_FULL_CP = 0.7
 """The share when CP-SAT cannot build the full model (more than `FULL_CP_MAX_OPS` F/B/W ops, or CP
 off): the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
-(docs/benchmarks.md, "CP-SAT optimality"), while the full list grid there needs ~4.7 s and finds up to 2% more."""
+(docs/benchmarks.md, "CP-SAT optimality"), while the full list grid there needs ~4.7 s and finds up
+to 2% more."""
 FULL_CP_MAX_OPS = 3_000
 ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
