@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from planner.bounds import lower_bound  # noqa: E402
 from planner.cp.cpsat import improve  # noqa: E402
 from planner.failures import normalize  # noqa: E402
-from planner.simulator import replay, validate  # noqa: E402
+from planner.simulator import replay  # noqa: E402
+from planner.validate import validate  # noqa: E402
 from planner.solve import best_heuristic  # noqa: E402
 from planner.spec import JobSpec, SpecError  # noqa: E402
 
