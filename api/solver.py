@@ -8,8 +8,10 @@ A second pool of one process solves only quick plans (`api.quick_plan`, a class 
 `materials.QUICK_PREFIX`): a coordinator's first plan for a failure set nobody precomputed. The main
 pool may be busy for a full solve's time limit (10 s) with another job's or a client's CP-SAT solve;
 the quick process never is (each of its solves is a few candidates, under 1 s at 8 x 64), so workers
-get an assignment without waiting for it. It also computes each coordinated job's fault-free plan
-ahead (`warm_job`), so that job's first quick plan does not pay for it.
+get an assignment without waiting for it. The failure-free class (a job's generation 1) is solved
+there too: its full solve is the fault-free plan, no search, and a new job's workers should not wait
+behind CP-SAT either. The quick process also computes each coordinated job's fault-free plan ahead
+(`warm_job`), so that job's first quick plan does not pay for it.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class Solver:
         `QueueFull` when the queue is full, unless `refuse` is False. A quick class key is solved
         by the quick process (never refused)."""
         key = (job_id, class_key)
-        queue = self.quick_queue if is_quick(class_key) else self.queue
+        queue = self.quick_queue if _for_quick_process(class_key, canonical_failed) else self.queue
         future = self._inflight.get(key)
         if future is not None:
             queue.promote(future, priority)
@@ -147,21 +149,22 @@ class Solver:
     async def _solve(self, key: tuple[str, str], job: JobSpec, failed: tuple, priority: int,
                      token: asyncio.Future) -> tuple[dict, str]:
         """Wait for a slot (of the quick process for a quick class), then solve in that pool."""
-        quick = is_quick(key[1])
-        queue = self.quick_queue if quick else self.queue
+        in_quick = _for_quick_process(key[1], failed)
+        queue = self.quick_queue if in_quick else self.queue
         await queue.acquire(priority, token, key[0])
         try:
-            return await self._solve_now(job, failed, quick)
+            return await self._solve_now(job, failed, in_quick, is_quick(key[1]))
         finally:
             queue.release()
 
-    async def _solve_now(self, job: JobSpec, failed: tuple, quick: bool = False) -> tuple[dict, str]:
+    async def _solve_now(self, job: JobSpec, failed: tuple, in_quick: bool = False, quick: bool = False
+                         ) -> tuple[dict, str]:
         """The solve in the pool (a slot is ours, so it starts at once), bounded by
         RECYCLE_SOLVE_DEADLINE_S; a pool that breaks under it is replaced and the solve tried once
         more (a second death is the solve's own doing)."""
         deadline = self.settings.deadline_s
         for attempt in (1, 2):
-            pool = self._quick_pool if quick else self._pool
+            pool = self._quick_pool if in_quick else self._pool
             if pool is None:
                 raise RuntimeError("solver not started")
             try:
@@ -221,6 +224,11 @@ class Solver:
             self.metrics.solves_in_flight.dec()
             if not future.done():
                 future.set_result(status)
+
+
+def _for_quick_process(class_key: str, canonical_failed: tuple) -> bool:
+    """A quick plan, or the failure-free class (the fault-free plan: nothing to search)."""
+    return is_quick(class_key) or not canonical_failed
 
 
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
