@@ -193,10 +193,15 @@ def test_a_full_plan_for_a_failure_set_that_changed_meanwhile_is_not_adopted(set
         assert (live.m.generation, live.m.failed) == (3, ((1, 1), (2, 1)))
         await finish_and_decide(plans, {(1, 1)}, 50.0)  # far better, but for generation 2's set
         assert (live.m.generation, live.m.failed, live.m.status) == (3, ((1, 1), (2, 1)), "solving")
-        both = plans.finish("quick", {(1, 1), (2, 1)}, 120.0)
-        await until(lambda: live.m.status == "running", "generation 3's quick plan")
-        assert (live.m.generation, live.m.plan_id) == (3, both)
-        assert store.load_membership(job.id)["generation"] == 3
+        # Also once generation 3 runs its own (slower) quick plan: a late full plan of generation 2's
+        # set arriving now must not replace it (it plans for a worker that is now failed).
+        await coordinator.report_failure(job, (3, 2), None, None, ADMIN)  # generation 4
+        both = plans.finish("quick", {(1, 1), (2, 1), (3, 2)}, 120.0)
+        await until(lambda: live.m.status == "running", "generation 4's quick plan")
+        await finish_and_decide(plans, {(1, 1), (2, 1)}, 60.0)  # generation 3's set, finished late
+        assert (live.m.generation, live.m.plan_id, live.m.status) == (4, both, "running")
+        await until(lambda: not live.lock.locked(), "the store write")
+        assert store.load_membership(job.id)["generation"] == 4
 
     asyncio.run(scenario())
 
