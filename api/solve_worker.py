@@ -7,6 +7,7 @@ kernel for SIGKILL when its parent dies, and a watcher thread covers the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,12 @@ import time
 from typing import Any
 
 
-def init_worker(parent_pid: int) -> None:
+def init_worker(parent_pid: int, niceness: int = 0) -> None:
+    """`niceness`: how much lower than the server this process's CPU priority is (see
+    `api.solver.FULL_SOLVE_NICENESS`)."""
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
