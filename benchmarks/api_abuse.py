@@ -218,17 +218,19 @@ async def run(t: Target, args, pid: int) -> dict:
             "deleted_answering": deleted_answering}
 
 
-PLAN_EVENTS = ("generation ready", "generation improved")
+PLAN_EVENTS = ("generation ready", "generation improved", "full plan kept in reserve")
 
 
 def plan_events(log: Path, job_id: str) -> dict[int, dict]:
-    """Generation -> the service's "generation ready" / "generation improved" line for the job."""
+    """Generation -> the service's "generation ready" / "generation improved" line for the job; -G: the
+    full plan of generation G's failure set not adopted (not better by the margin)."""
     events: dict[int, dict] = {}
     for line in log.read_text().splitlines():
         with contextlib.suppress(ValueError):
             rec = json.loads(line)
             if rec.get("job_id") == job_id and rec.get("event") in PLAN_EVENTS:
-                events[rec["generation"]] = rec
+                kept = rec["event"] == "full plan kept in reserve"
+                events[-rec["generation"] if kept else rec["generation"]] = rec
     return events
 
 
@@ -328,10 +330,14 @@ def main() -> None:
           f"load after {os.getloadavg()[0]:.2f}")
     gen, improved = res["new_generation"], events.get(res["new_generation"] + 1)
     first_at = max((t for t in res["held"].values() if t is not None), default=None)
-    print(f"failure's generation {gen} ran the {events.get(gen, {}).get('plan', 'precomputed')} plan; "
-          + (f"generation {gen + 1} replaced it ({improved['quick_ms']} -> {improved['full_ms']} ms), "
-             f"{improved['ts'] - first_at:.1f} s after the survivors held generation {gen}"
-             if improved and first_at else "not replaced (no full plan better by the margin)"))
+    if improved and first_at:
+        fate = (f"generation {gen + 1} replaced it ({improved['quick_ms']} -> {improved['full_ms']} ms), "
+                f"{improved['ts'] - first_at:.1f} s after the survivors held generation {gen}")
+    elif -gen in events:
+        fate = f"kept: the full plan ({events[-gen]['full_ms']} ms) was not better by the margin"
+    else:
+        fate = "not replaced: its full solve had not finished when the run ended"
+    print(f"failure's generation {gen} ran the {events.get(gen, {}).get('plan', 'precomputed')} plan; {fate}")
     print(f"last generation's plan: stored {store['solve_s']} s after its solve row was made; unexplained "
           "jobs "
           f"{store['unexplained_ids']} ({store['unexplained_keyed_after_delete']} under a key whose job was "
