@@ -43,8 +43,13 @@ class Replanning:
             m.no_plan(str(exc))
             return
         if future is None:
-            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
-            return
+            if plan.status != "failed" or not m.failed:
+                m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
+                return
+            # The full solve of this set failed before (a planner error, its deadline): the quick
+            # plan's few candidates may still give workers a valid plan rather than stop the job.
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(plan.status)
         generation = m.generation
         if not m.failed:  # generation 1: the full solve is the fault-free plan, no search to skip
             m.plan_ready(plan.id, "pending", None, None)

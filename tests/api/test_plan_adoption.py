@@ -238,3 +238,19 @@ def test_a_failed_quick_plan_hands_over_to_the_full_solve_promoted_to_urgent(set
         assert (live.m.generation, live.m.plan_id) == (2, full_id)
 
     asyncio.run(scenario())
+
+
+def test_a_failure_set_whose_full_solve_failed_still_runs_its_quick_plan(setup):
+    store, job, plans, coordinator = setup
+
+    async def scenario():
+        live = await coordinator.live(job)
+        full, _ = plans._row("full", [(1, 1)])
+        plans.rows[full.id] = PlanRow(full.id, full.job_id, full.failed_key, full.class_key, "failed", None,
+                                      "SolveFailed: the solve overran its deadline")
+        await coordinator.report_failure(job, (1, 1), None, None, ADMIN)
+        quick_id = plans.finish("quick", {(1, 1)}, 100.0)
+        await until(lambda: live.m.status != "solving", "generation 2 to settle")
+        assert (live.m.generation, live.m.status, live.m.plan_id) == (2, "running", quick_id)
+
+    asyncio.run(scenario())
