@@ -14,6 +14,7 @@ import asyncio
 
 from api_testkit import Server, create_job, small_job
 
+from api.membership import ADOPT_MARGIN
 from api.solve_queue import CLIENT, IMPROVE, URGENT, SolveQueue
 
 BUSY_JOB = small_job(4, 8, 32)  # CP-SAT runs to its time limit on these failure sets (not provable)
@@ -47,18 +48,26 @@ def test_a_failure_gets_a_quick_plan_while_client_solves_hold_the_solver(tmp_pat
             states = [c.get(r.headers["Location"]).json()["status"] for r in asked]
             assert states == ["pending"] * 3, states
 
-            # The full solve of [2, 1] runs next, ahead of the two queued client solves, and (CP-SAT
-            # finds 367.75 ms where the quick plan has 377.75) becomes generation 3, same failure set.
-            better = c.get(f"/v1/jobs/{failing}/workers/0/0/assignment", params={"after": 2, "wait_s": 100},
-                           timeout=120)
-            assert better.status_code == 200, better.text
-            improved = better.json()
-            full = c.post(f"/v1/jobs/{failing}/plans", json={"failed": [[2, 1]], "wait_s": 0}).json()
-            assert (improved["generation"], improved["failed"]) == (3, [[2, 1]])
-            assert improved["plan_id"] == full["id"]
-            assert improved["iteration_ms"] < quick["iteration_ms"]
+            # The full solve of [2, 1] runs next, ahead of the two queued client solves (its row is
+            # done while they are still pending) ...
+            full = c.post(f"/v1/jobs/{failing}/plans", json={"failed": [[2, 1]], "wait_s": 100}, timeout=120)
+            assert full.status_code == 200 and full.json()["status"] == "done", full.text
+            full = full.json()
             states = [c.get(r.headers["Location"]).json()["status"] for r in asked]
             assert states[1:] == ["pending", "pending"], states
+            # ... and replaces the quick plan as generation 3, same failure set, when it is better by
+            # the margin (CP-SAT found 367.75 ms here where the quick plan has 377.75 ms; a loaded
+            # machine may give it less within its limit, so the test follows what it found).
+            if full["iteration_ms"] < quick["iteration_ms"] * (1 - ADOPT_MARGIN):
+                better = c.get(f"/v1/jobs/{failing}/workers/0/0/assignment",
+                               params={"after": 2, "wait_s": 60}, timeout=90)
+                assert better.status_code == 200, better.text
+                improved = better.json()
+                assert (improved["generation"], improved["failed"]) == (3, [[2, 1]])
+                assert improved["plan_id"] == full["id"]
+            else:
+                c.get(f"/v1/jobs/{failing}/workers/0/0/assignment", params={"after": 2, "wait_s": 2})
+                assert c.get(f"/v1/jobs/{failing}/membership").json()["generation"] == 2
     finally:
         server.stop()
 
