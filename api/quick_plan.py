@@ -25,7 +25,6 @@ def quick_class(job, canonical_failed: tuple) -> tuple[dict[str, Any], dict[str,
     planner raises (`SpecError` for a failure set that cannot be planned) or `ValueError` when no
     candidate gives a valid plan (then the caller waits for the full solve)."""
     from planner.bounds import lower_bound
-    from planner.candidates import SearchInfo  # noqa: F401  (the planner's search module, warmed)
     from planner.failures import normalize
     from planner.fault_free import fault_free_plan, replicate
     from planner.paper_style import paper_style_schedule
