@@ -1,7 +1,8 @@
 """The coordinator: drives each job's state machine (`api.membership`) on the event loop.
 
 It owns what the pure state machine cannot: per-job locks, the plan solves a new generation waits
-for, long-polls woken on every change, the watchdog task, metrics, and the answers as bytes
+for (`api.replan`: a quick plan first, the full solve adopted later when better), long-polls woken on
+every change, the watchdog task, metrics, and the answers as bytes
 (`api.assignment`). Persistence (membership rows with compare-and-swap on the generation,
 registrations, resume after a restart) is `api.membership_store`. Heartbeats stay in memory.
 """
@@ -20,11 +21,11 @@ from api.membership_store import MembershipStore, Record
 from api.metrics import Metrics
 from api.plan_service import PlanService
 from api.problems import Problem
+from api.replan import Replanning
 from api.settings import Settings
-from api.solve_queue import COORDINATOR
 from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
-from planner.spec import SpecError, Worker
+from planner.spec import Worker
 
 log = logs.get("coordinator")
 
@@ -51,7 +52,7 @@ class Live:
         event.set()
 
 
-class Coordinator:
+class Coordinator(Replanning):
     def __init__(self, settings: Settings, store: Store, plans: PlanService, metrics: Metrics):
         self.settings, self.plans, self.metrics = settings, plans, metrics
         self.persist = MembershipStore(store)
@@ -108,7 +109,7 @@ class Coordinator:
         live = Live(job, m, records)
         if resume is None:
             await self._settle(live, (), cause="job started")
-        elif resume:
+        elif resume and not await self._resume_plan(live):
             await self._settle(live, m.failed, cause=m.reason)
         self._members.put(job.id, live)
         self._publish(live)
@@ -137,35 +138,6 @@ class Coordinator:
             raise Problem(409, f"{exc}; retry", field="job_id") from None
         self._publish(live)
         self._settled(live)
-
-    async def _request_plan(self, live: Live) -> None:
-        m = live.m
-        try:
-            plan, future = await self.plans.request(live.job, list(m.failed), COORDINATOR)
-        except SpecError as exc:
-            m.no_plan(str(exc))
-            return
-        if future is None:
-            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
-        else:
-            m.plan_ready(plan.id, "pending", None, None)
-            asyncio.ensure_future(self._when_solved(live, m.generation, plan.id, future))
-
-    async def _when_solved(self, live: Live, generation: int, plan_id: str, future: asyncio.Future) -> None:
-        await asyncio.shield(future)
-        m = live.m
-        async with live.lock:
-            if live.deleted or m.generation != generation or m.plan_id != plan_id:
-                return  # the membership moved on while this plan was solving
-            plan = await self.plans.get(live.job, plan_id)
-            if plan.status == "pending":  # solve aborted; retry rather than leave workers waiting
-                await self._settle(live, m.failed, m.reason)
-                return
-            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
-            await self.persist.save(live.job.id, m)
-            log.info("generation ready", extra={"job_id": live.job.id, "generation": m.generation,
-                                                "status": m.status})
-            self._settled(live)
 
     def _settled(self, live: Live) -> None:
         """A generation's plan is decided: serialize its answers once, then wake the long-polls; the
@@ -230,6 +202,8 @@ class Coordinator:
                           field="worker")
         if claim == "mint":
             minted, new_hash = new_registration()
+        if m.started_at is None:  # the job's first worker: its first failure's quick plan gets ready
+            self.plans.solver.warm_job(job.id, job.job)
         await self.persist.record(job.id, worker, address, pid, new_hash, live.records)
         if new_hash is not None:
             m.sessions[worker] = new_hash

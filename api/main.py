@@ -125,7 +125,7 @@ async def _resume(services: Services) -> None:
         if job_id in rows:
             job = rows[job_id].job
             canonical = normalize(job, parse_failed_key(class_key))
-            services.solver.ensure(job_id, job, canonical.key, canonical.failed, refuse=False)
+            services.solver.ensure(job_id, job, class_key, canonical.failed, refuse=False)  # quick ones too
     await services.precomputer.resume_all(rows)
     if pending or ops_running:
         log.info("resumed", extra={"pending_solves": len(pending), "operations": len(ops_running)})

@@ -23,7 +23,22 @@ def failed_key(failed: tuple[Worker, ...]) -> str:
     return ";".join(f"{p}:{s}" for p, s in failed) or "none"
 
 
+QUICK_PREFIX = "quick "
+"""Keys (failure set and class) of a coordinator's quick first plan (`api.quick_plan`) start with this:
+the quick plan of a failure set is a plan resource of its own, beside the full solve of its class."""
+
+
+def quick_key(key: str) -> str:
+    return QUICK_PREFIX + key
+
+
+def is_quick(key: str) -> bool:
+    return key.startswith(QUICK_PREFIX)
+
+
 def parse_failed_key(key: str) -> tuple[Worker, ...]:
+    """The failure set of a plan's or class's key (a quick plan's key names the same set)."""
+    key = key.removeprefix(QUICK_PREFIX)
     if key == "none":
         return ()
     return tuple((int(p), int(s)) for p, s in (part.split(":") for part in key.split(";")))

@@ -11,10 +11,10 @@ import contextlib
 import json
 
 from api.lru import LRU
-from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key
+from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key, quick_key
 from api.metrics import Metrics
 from api.problems import Problem
-from api.solve_queue import CLIENT, QueueFull
+from api.solve_queue import CLIENT, URGENT, QueueFull
 from api.solver import Solver, in_thread
 from api.store import JobRow, PlanRow, Store
 from planner.failures import normalize
@@ -43,6 +43,18 @@ class PlanService:
         self.metrics.plan_lookups.labels("shared" if shared else "miss").inc()
         return plan, self.solver.ensure(job.id, job.job, canonical.key, canonical.failed, priority)
 
+    async def request_quick(self, job: JobRow, failed: object) -> tuple[PlanRow, asyncio.Future | None]:
+        """The quick plan of a failure set (`api.quick_plan`: a plan resource of its own, solved by
+        the quick process at once), for a coordinator whose workers have no assignment yet."""
+        canonical = normalize(job.job, failed)
+        concrete = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
+        class_key = quick_key(canonical.key)
+        plan = await in_thread(self.store.get_or_create_plan, job.id, quick_key(failed_key(concrete)),
+                               class_key)
+        if plan.status != "pending":
+            return self._remember(plan), None
+        return plan, self.solver.ensure(job.id, job.job, class_key, canonical.failed, URGENT)
+
     async def get(self, job: JobRow, plan_id: str) -> PlanRow:
         found = self._finished.get((job.id, plan_id))
         if found is not None:
@@ -54,7 +66,7 @@ class PlanService:
             # Nobody may be solving it (e.g. the service restarted): make sure someone is.
             canonical = normalize(job.job, parse_failed_key(plan.failed_key))
             with contextlib.suppress(QueueFull):  # queue full: still pending, a later poll tries again
-                self.solver.ensure(job.id, job.job, canonical.key, canonical.failed)
+                self.solver.ensure(job.id, job.job, plan.class_key, canonical.failed)
             return plan
         return self._remember(plan)
 

@@ -7,6 +7,7 @@ kernel for SIGKILL when its parent dies, and a watcher thread covers the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,12 @@ import time
 from typing import Any
 
 
-def init_worker(parent_pid: int) -> None:
+def init_worker(parent_pid: int, niceness: int = 0) -> None:
+    """`niceness`: how much lower than the server this process's CPU priority is (see
+    `api.solver.FULL_SOLVE_NICENESS`)."""
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -72,3 +78,28 @@ def solve_class(job_json: str, failed: list[list[int]], time_limit_s: float, use
     except Exception as exc:
         message = " ".join(str(exc).split())[:2000]
         raise SolveFailed(f"{type(exc).__name__}: {message}") from None
+
+
+def quick_solve_class(job_json: str, failed: list[list[int]]) -> tuple[dict[str, Any], str]:
+    """A coordinator's quick first plan of one canonical failure class (`api.quick_plan`), as
+    `solve_class` returns a full one; raises `SolveFailed` the same way."""
+    try:
+        from api.quick_plan import quick_class
+        from planner.spec import JobSpec
+
+        job = JobSpec.model_validate_json(job_json)
+        summary, timeline = quick_class(job, tuple(tuple(w) for w in failed))
+        return summary, json.dumps(timeline, separators=(",", ":"))
+    except Exception as exc:
+        message = " ".join(str(exc).split())[:2000]
+        raise SolveFailed(f"{type(exc).__name__}: {message}") from None
+
+
+def warm_job(job_json: str) -> bool:
+    """Compute a job's fault-free plan in this process (kept in its memory), so the job's first quick
+    plan pays only for inserting the failed workers' work (1.46 -> 0.46 s at 8 x 64)."""
+    from planner.fault_free import fault_free_plan
+    from planner.spec import JobSpec
+
+    fault_free_plan(JobSpec.model_validate_json(job_json))
+    return True

@@ -3,6 +3,15 @@
 `ensure` returns the future of the class's solve, starting it only when none is running: every
 request, precompute step and coordinator transition for one (job, class) awaits the same future.
 The result is written to the store before the future resolves, so whoever wakes up can read it.
+
+A second pool of one process solves only quick plans (`api.quick_plan`, a class key starting with
+`materials.QUICK_PREFIX`): a coordinator's first plan for a failure set nobody precomputed. The main
+pool may be busy for a full solve's time limit (10 s) with another job's or a client's CP-SAT solve;
+the quick process never is (each of its solves is a few candidates, under 1 s at 8 x 64), so workers
+get an assignment without waiting for it. The failure-free class (a job's generation 1) is solved
+there too: its full solve is the fault-free plan, no search, and a new job's workers should not wait
+behind CP-SAT either. The quick process also computes each coordinated job's fault-free plan ahead
+(`warm_job`), so that job's first quick plan does not pay for it.
 """
 
 from __future__ import annotations
@@ -20,13 +29,23 @@ from anyio import to_thread
 from sqlalchemy.exc import SQLAlchemyError
 
 from api import logs, solve_worker
+from api.lru import LRU
+from api.materials import is_quick
 from api.metrics import Metrics
 from api.settings import Settings
-from api.solve_queue import CLIENT, SolveQueue
+from api.solve_queue import CLIENT, PRECOMPUTE, SolveQueue
 from api.store import Store
 from planner.spec import JobSpec, SpecError
 
 log = logs.get("solver")
+
+FULL_SOLVE_NICENESS = 10
+"""The main pool's processes run at this `nice`: a full solve is background CPU work, and since the
+quick plan, workers no longer wait for it, while serving a generation's answers to every worker
+(streams built, written to hundreds of connections) is what they do wait for. Measured at 512
+daemons on the server's one pinned core: with the full solve at the server's priority the survivors
+held their quick plan only 7.8 s after the report, beats went unread and live workers were declared
+failed. At nice 10 the scheduler gives the server ~90% of a shared core when both want it."""
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
@@ -38,41 +57,73 @@ class Solver:
     def __init__(self, settings: Settings, store: Store, metrics: Metrics):
         self.settings, self.store, self.metrics = settings, store, metrics
         self._pool: ProcessPoolExecutor | None = None
+        self._quick_pool: ProcessPoolExecutor | None = None
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self.queue = SolveQueue(settings.solver_processes, settings.max_queued_solves)
+        self.quick_queue = SolveQueue(1, 0)
+        self._warmed: LRU[str, bool] = LRU(settings.cache_entries)
 
     def start(self) -> None:
-        self._pool = self._new_pool()
+        self._pool = self._new_pool(self.settings.solver_processes, FULL_SOLVE_NICENESS)
+        self._quick_pool = self._new_pool(1)
 
-    def _new_pool(self) -> ProcessPoolExecutor:
+    def _new_pool(self, processes: int, niceness: int = 0) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(
-            max_workers=self.settings.solver_processes, mp_context=multiprocessing.get_context("spawn"),
-            initializer=solve_worker.init_worker, initargs=(os.getpid(),))
+            max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
+            initializer=solve_worker.init_worker, initargs=(os.getpid(), niceness))
         # Start and warm the workers now, so the first failure does not pay for process start-up.
-        for _ in range(self.settings.solver_processes):
+        for _ in range(processes):
             pool.submit(solve_worker.warm_up)
         return pool
 
     def shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            _stop_pool(pool)
+        for name in ("_pool", "_quick_pool"):
+            pool = getattr(self, name)
+            setattr(self, name, None)
+            if pool is not None:
+                _stop_pool(pool)
 
     def _replace_pool(self, broken: ProcessPoolExecutor, why: str) -> None:
         """A pool whose process died (kill, out of memory) or overran is useless: start a fresh one.
-        Only the first caller replaces it; the others see `self._pool` already changed."""
-        if self._pool is broken:
-            log.error("solve pool replaced", extra={"reason": why})
-            self.metrics.pool_restarts.inc()
-            self._pool = self._new_pool()
-            # Off the event loop: joining the stopped processes may take a moment.
-            asyncio.get_running_loop().run_in_executor(None, _stop_pool, broken)
+        Only the first caller replaces it; the others see the pool already changed."""
+        for name in ("_pool", "_quick_pool"):
+            if getattr(self, name) is broken:
+                log.error("solve pool replaced", extra={"reason": why, "pool": name.strip("_")})
+                self.metrics.pool_restarts.inc()
+                setattr(self, name, self._new_pool(broken._max_workers,
+                                                   FULL_SOLVE_NICENESS if name == "_pool" else 0))
+                # Off the event loop: joining the stopped processes may take a moment.
+                asyncio.get_running_loop().run_in_executor(None, _stop_pool, broken)
+
+    def warm_job(self, job_id: str, job: JobSpec) -> None:
+        """Compute the job's fault-free plan in the quick process now (once per job), behind any quick
+        plan workers wait for, so its first failure's quick plan does not pay for it."""
+        if self._warmed.get(job_id) or self._quick_pool is None:
+            return
+        self._warmed.put(job_id, True)
+        task = asyncio.create_task(self._warm(job_id, job))
+        task.solve_key = (job_id, None)  # type: ignore[attr-defined]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm(self, job_id: str, job: JobSpec) -> None:
+        await self.quick_queue.acquire(PRECOMPUTE, None, job_id)
+        try:
+            pool = self._quick_pool
+            if pool is not None:
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                    pool, solve_worker.warm_job, job.model_dump_json()), self.settings.deadline_s)
+        except Exception as exc:  # only a head start: the quick plan computes it anyway
+            log.info("job warm-up skipped", extra={"job_id": job_id, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self.quick_queue.release()
 
     def forget_job(self, job_id: str) -> None:
         """The job was deleted: drop its queued solves (a running one ends with its time limit)."""
+        self._warmed.pop(job_id, None)
         for task in list(self._tasks):
             if getattr(task, "solve_key", (None,))[0] == job_id:
                 task.cancel()
@@ -84,14 +135,16 @@ class Solver:
                priority: int = CLIENT, refuse: bool = True) -> asyncio.Future:
         """The (shared) future of this class's solve; resolves to the final status: done | failed.
 
-        `priority`: COORDINATOR (workers wait on it) before CLIENT before PRECOMPUTE. A new CLIENT
-        solve is refused with `QueueFull` when the queue is full, unless `refuse` is False."""
+        `priority`: `api.solve_queue`'s, most urgent first. A new CLIENT solve is refused with
+        `QueueFull` when the queue is full, unless `refuse` is False. A quick class key is solved
+        by the quick process (never refused)."""
         key = (job_id, class_key)
+        queue = self.quick_queue if _for_quick_process(class_key, canonical_failed) else self.queue
         future = self._inflight.get(key)
         if future is not None:
-            self.queue.promote(future, priority)
+            queue.promote(future, priority)
             return future
-        if refuse:
+        if refuse and queue is self.queue:
             self.queue.check(priority)
         future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
@@ -102,27 +155,32 @@ class Solver:
         task.add_done_callback(self._tasks.discard)
         return future
 
-    async def _solve(self, job: JobSpec, failed: tuple, priority: int, token: asyncio.Future
-                     ) -> tuple[dict, str]:
-        """Wait for a slot, then solve in the pool."""
-        await self.queue.acquire(priority, token)
+    async def _solve(self, key: tuple[str, str], job: JobSpec, failed: tuple, priority: int,
+                     token: asyncio.Future) -> tuple[dict, str]:
+        """Wait for a slot (of the quick process for a quick class), then solve in that pool."""
+        in_quick = _for_quick_process(key[1], failed)
+        queue = self.quick_queue if in_quick else self.queue
+        await queue.acquire(priority, token, key[0])
         try:
-            return await self._solve_now(job, failed)
+            return await self._solve_now(job, failed, in_quick, is_quick(key[1]))
         finally:
-            self.queue.release()
+            queue.release()
 
-    async def _solve_now(self, job: JobSpec, failed: tuple) -> tuple[dict, str]:
+    async def _solve_now(self, job: JobSpec, failed: tuple, in_quick: bool = False, quick: bool = False
+                         ) -> tuple[dict, str]:
         """The solve in the pool (a slot is ours, so it starts at once), bounded by
         RECYCLE_SOLVE_DEADLINE_S; a pool that breaks under it is replaced and the solve tried once
         more (a second death is the solve's own doing)."""
         deadline = self.settings.deadline_s
         for attempt in (1, 2):
-            pool = self._pool
+            pool = self._quick_pool if in_quick else self._pool
             if pool is None:
                 raise RuntimeError("solver not started")
             try:
-                future = asyncio.get_running_loop().run_in_executor(
-                    pool, solve_worker.solve_class, job.model_dump_json(), [list(w) for w in failed],
+                loop, failed_lists = asyncio.get_running_loop(), [list(w) for w in failed]
+                future = loop.run_in_executor(pool, solve_worker.quick_solve_class, job.model_dump_json(),
+                                              failed_lists) if quick else loop.run_in_executor(
+                    pool, solve_worker.solve_class, job.model_dump_json(), failed_lists,
                     self.settings.solve_time_limit_s, self.settings.use_cp, 0)
                 return await asyncio.wait_for(future, deadline)
             except TimeoutError:
@@ -145,7 +203,7 @@ class Solver:
         status = "failed"
         try:
             try:
-                summary, timeline = await self._solve(job, failed, priority, future)
+                summary, timeline = await self._solve(key, job, failed, priority, future)
                 await in_thread(self.store.finish_solve, job_id, class_key, summary, timeline, None)
                 status = "done"
             except (solve_worker.SolveFailed, SpecError) as exc:
@@ -175,6 +233,11 @@ class Solver:
             self.metrics.solves_in_flight.dec()
             if not future.done():
                 future.set_result(status)
+
+
+def _for_quick_process(class_key: str, canonical_failed: tuple) -> bool:
+    """A quick plan, or the failure-free class (the fault-free plan: nothing to search)."""
+    return is_quick(class_key) or not canonical_failed
 
 
 def _stop_pool(pool: ProcessPoolExecutor) -> None:

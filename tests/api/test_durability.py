@@ -102,16 +102,25 @@ def test_kill9_during_replan_then_resume(store, tmp_path):
         with server.client() as c:
             settled = wait_for(lambda: (s := c.get(f"/v1/jobs/{job_id}/membership").json())["status"]
                                != "solving" and s, 60, "the interrupted re-plan to settle")
-            assert settled["status"] == "running" and settled["generation"] == changed["generation"]
-            assert settled["failed"] == [[2, 1]] and settled["plan_id"] == changed["plan_id"]
+            # The generation runs the failure set's quick plan (not precomputed: api/replan.py); the
+            # full solve may since have replaced it as the next generation, same failure set.
+            improved = settled["generation"] == changed["generation"] + 1
+            assert settled["status"] == "running" and settled["failed"] == [[2, 1]]
+            assert improved or settled["generation"] == changed["generation"], settled
+            assert (settled["plan_id"] == changed["plan_id"]) != improved, settled
             assert [w["address"] for w in settled["workers"]] == ["a:1"]
             plan = c.get(f"/v1/jobs/{job_id}/plans/{changed['plan_id']}").json()
             assert plan["status"] == "done" and plan["failed"] == [[2, 1]]
+            assert plan["failure_class"].startswith("quick "), plan["failure_class"]
+            # A client asking for the set gets its full plan: one row however often it asks.
             again = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [[2, 1]], "wait_s": 0}).json()
-            assert again["id"] == changed["plan_id"]  # one plan row for the failure set, not two
+            twice = c.post(f"/v1/jobs/{job_id}/plans", json={"failed": [[2, 1]], "wait_s": 0}).json()
+            assert again["id"] == twice["id"] != changed["plan_id"]
             a = c.get(f"/v1/jobs/{job_id}/workers/0/0/assignment",
                       params={"after": first["generation"], "wait_s": 20}).json()
-            assert a["generation"] == changed["generation"] and a["plan_id"] == changed["plan_id"]
+            now = c.get(f"/v1/jobs/{job_id}/membership").json()
+            assert a["generation"] <= now["generation"] <= changed["generation"] + 1
+            assert a["plan_id"] in (changed["plan_id"], again["id"]), a
     finally:
         server.stop()
         for _ in urls:
