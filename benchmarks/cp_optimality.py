@@ -27,9 +27,9 @@ from planner.bounds import lower_bound  # noqa: E402
 from planner.cp.cpsat import improve  # noqa: E402
 from planner.failures import normalize  # noqa: E402
 from planner.simulator import replay  # noqa: E402
-from planner.validate import validate  # noqa: E402
 from planner.solve import best_heuristic  # noqa: E402
 from planner.spec import JobSpec, SpecError  # noqa: E402
+from planner.validate import validate  # noqa: E402
 
 SCENARIOS = ROOT.parent / "shared" / "scenarios"
 DEFAULT_SCENARIOS = ("uniform-4x4x8", "gpt-1.5b-8x8x24", "gpt-28b-16x32x96")

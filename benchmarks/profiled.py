@@ -17,8 +17,10 @@ import sys
 
 
 def main() -> None:
-    out, flag, module, *rest = sys.argv[1:]
-    assert flag == "-m", "usage: profiled.py OUT.prof -m MODULE ARGS..."
+    if len(sys.argv) < 4 or sys.argv[2] != "-m":
+        print("usage: python benchmarks/profiled.py OUT.prof -m MODULE ARGS...\n\n" + __doc__.strip())
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
+    out, _, module, *rest = sys.argv[1:]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     sys.argv = [module, *rest]
