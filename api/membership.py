@@ -92,10 +92,6 @@ class Membership:
         timeout = self.timeouts.heartbeat_timeout_s
         return sum(1 for w, seen in self.last_seen.items() if w not in self.failed and now - seen <= timeout)
 
-    def alive(self) -> list[list[int]]:
-        dead = set(self.failed)
-        return [[p, s] for p in range(self.pipelines) for s in range(self.stages) if (p, s) not in dead]
-
     # ---------------------------------------------------------------------------- transitions
     def beat(self, worker: Worker, now: float) -> None:
         self.last_seen[worker] = now
@@ -229,8 +225,13 @@ class Membership:
 
     def assignment_head(self, job_id: str, excluded: Worker | None = None) -> dict:
         """This settled generation's assignment, less `worker` and its instruction stream (shared
-        by every alive worker); for `excluded`, a failed worker, its `excluded` answer."""
-        head = {**self.state(job_id), "alive": self.alive()}
+        by every alive worker); for `excluded`, a failed worker, its `excluded` answer.
+
+        The alive set is not listed: it is every worker of the `pipelines` x `stages` grid not in
+        `failed`, and the worker derives it (`executor.membership.alive_workers`). Listed, it was
+        ~33 KB per answer at 64 x 64, x 4,095 answers after every failure - five times the bytes
+        of the streams themselves; the failure set grows with the failures, not with the job."""
+        head = {**self.state(job_id), "pipelines": self.pipelines, "stages": self.stages}
         if excluded is not None:
             head["status"] = "excluded"
             head["reason"] = (f"worker {list(excluded)} is in the failure set of generation "

@@ -31,6 +31,8 @@ from pathlib import Path
 import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
 
+from executor.membership import alive_workers
+
 TOKEN = "bench-admin-token-0123456789"
 T0 = time.perf_counter()
 
@@ -46,6 +48,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     beats: list[tuple[float, float]] = []  # (begun at, latency)
     registering: list[float] = []  # each daemon's first beat: it registers (a database write)
     held: dict[tuple, float] = {}
+    answer_bytes: list[int] = []  # each daemon's answer of the new generation
     errors = {"heartbeat": 0}
     stop = asyncio.Event()
     lags: list[float] = []
@@ -93,26 +96,37 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         await conn.close()
 
     async def poll(worker) -> None:
+        """Long-poll as `executor/membership.py` does: a newer generation is held, then the next
+        poll (after it) goes out at once and parks until the run stops."""
         p, s = worker
         conn = await connect()
-        while True:
+        after = 1
+        while not stop.is_set():
             try:
                 status, body = await conn.request(
-                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
+                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after={after}&wait_s=60", None,
                     {"Authorization": f"Bearer {token}"})
             except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                if stop.is_set():
+                    break
                 status, body = -1, b""
-            if status == 200 and json.loads(body)["generation"] >= 2:
-                held[worker] = time.perf_counter()
-                break
-            if status not in (200, 204):  # counted, then poll again on a new connection (as daemons do)
+            if status == 200:
+                answer = json.loads(body)
+                if answer["generation"] >= 2 and worker not in held:
+                    held[worker] = time.perf_counter()
+                    answer_bytes.append(len(body))
+                    # The alive set the worker builds its groups from, derived as a daemon does.
+                    if alive_workers(answer) != alive:
+                        errors["wrong_alive"] = errors.get("wrong_alive", 0) + 1
+                after = max(after, answer["generation"])
+            elif status != 204:  # counted, then poll again on a new connection (as daemons do)
                 errors[f"poll_{status}"] = errors.get(f"poll_{status}", 0) + 1
                 await conn.close()
                 conn = await connect()
         await conn.close()
 
     started_at = time.perf_counter()
-    alive = [w for w in workers if list(w) != failed]
+    alive = [tuple(w) for w in workers if list(w) != failed]
     n = len(workers)
     beaters = [asyncio.ensure_future(heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
@@ -132,12 +146,18 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     status, body = await asyncio.wait_for(
         report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN), timeout=60)
     assert status == 200, body
-    await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
+    deadline = time.perf_counter() + 120
+    while len(held) < len(alive):
+        assert time.perf_counter() < deadline, f"only {len(held)} of {len(alive)} hold generation 2 in 120 s"
+        await asyncio.sleep(0.01)
     progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s")
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
     ended = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
+    for poller in pollers:  # parked in their next long-poll: nothing more to measure
+        poller.cancel()
+    await asyncio.gather(*pollers, return_exceptions=True)
     await report.close()
     # Steady state: every beat begun once all daemons had registered (the failure included).
     ms = [b * 1000 for at, b in beats if at >= registered_at]
@@ -153,6 +173,8 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
+            "answer_bytes_p50": int(percentile(sorted(answer_bytes), 0.5)),
+            "answer_bytes_total": sum(answer_bytes),
             "first_s": round(min(held.values()) - reported, 3)}
 
 
