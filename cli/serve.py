@@ -49,11 +49,14 @@ def run(args: argparse.Namespace) -> int:
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
         print(f"recycle serve: warning: listening on {settings.host} without RECYCLE_API_TOKEN",
               file=sys.stderr)
+    from api.fastpath import HeadBeats
     from api.protocol import guarded_protocol
 
+    app = create_app(settings)
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s,
-                            settings.body_timeout_s)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            settings.body_timeout_s, quick=HeadBeats(app, token))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), access_log=False, http=http,
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
