@@ -61,11 +61,30 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
     server = _server_class()(config)
+    _quiet_gc()
     try:
         server.run()
     finally:
         lease.close()
     return 0
+
+
+def _quiet_gc() -> None:
+    """Fewer, shorter garbage-collector pauses for the serving process.
+
+    The service holds millions of long-lived container objects (plans, streams' sources, thousands
+    of connections) and each request allocates a few dozen short-lived ones, so with the default
+    thresholds (700, 10, 10) full collections ran every few seconds at 4,096 daemons and each
+    walked the whole heap: 0.6-4.6 s pauses measured in the server (gc callbacks, 2-core box under
+    load), during which no heartbeat is read. Objects from start-up are frozen (never garbage,
+    never scanned again); young collections run every 50,000 allocations instead of 700 (each
+    still scans only young objects); a full one after 100 middle ones. Reference counting frees
+    almost everything anyway; only cyclic garbage waits longer."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _server_class():
