@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from api.assignment import Payload, StateBytes
-from api.membership import Membership, Timeouts
+from api.membership import FailureSet, Membership, Timeouts
 from executor.membership import alive_workers
 
 ALL = [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -246,3 +246,25 @@ def test_an_answer_does_not_grow_with_the_jobs_worker_count():
     # 2 x 2 -> 64 x 64: only the digits of "pipelines" and "stages" grow (listing the 4,095 alive
     # workers added ~33 KB to each answer).
     assert sizes[64][0] - sizes[2][0] == 2 and sizes[64][1] - sizes[2][1] == 2, sizes
+
+
+def test_the_failure_set_is_a_sorted_tuple_with_set_lookups():
+    failed = FailureSet([(1, 0), (0, 1), (1, 0)])
+    assert failed == ((0, 1), (1, 0)) and isinstance(failed, tuple) and len(failed) == 2
+    assert (1, 0) in failed and (1, 1) not in failed and (1, 0) in FailureSet([[1, 0]])  # stored as lists
+
+    class Probe:  # counts the comparisons `in` makes: a tuple scan compares with every member
+        compared = 0
+
+        def __hash__(self) -> int:
+            return hash((9, 9))
+
+        def __eq__(self, other) -> bool:
+            Probe.compared += 1
+            return False
+
+    big = FailureSet((p, s) for p in range(64) for s in range(64))
+    assert Probe() not in big and Probe.compared == 0  # one hash lookup, whatever the failure count
+    m = started()
+    m.change({(1, 1)}, "x", now=1.0)
+    assert isinstance(m.failed, FailureSet) and (1, 1) in m.failed
