@@ -257,7 +257,7 @@ def test_the_failure_set_is_a_sorted_tuple_with_set_lookups():
         compared = 0
 
         def __hash__(self) -> int:
-            return hash((9, 9))
+            return hash((99, 99))  # no member has this hash
 
         def __eq__(self, other) -> bool:
             Probe.compared += 1
