@@ -241,19 +241,19 @@ class Membership:
             "heartbeat_timeout_s": self.timeouts.heartbeat_timeout_s,
         }
 
-    def assignment_head(self, job_id: str, excluded: Worker | None = None) -> dict:
+    def assignment_head(self, job_id: str, excluded: bool = False) -> dict:
         """This settled generation's assignment, less `worker` and its instruction stream (shared
-        by every alive worker); for `excluded`, a failed worker, its `excluded` answer.
+        by every alive worker); `excluded`: the one every failed worker gets.
 
         The alive set is not listed: it is every worker of the `pipelines` x `stages` grid not in
         `failed`, and the worker derives it (`executor.membership.alive_workers`). Listed, it was
         ~33 KB per answer at 64 x 64, x 4,095 answers after every failure - five times the bytes
         of the streams themselves; the failure set grows with the failures, not with the job."""
         head = {**self.state(job_id), "pipelines": self.pipelines, "stages": self.stages}
-        if excluded is not None:
+        if excluded:  # the same for every failed worker (its `worker` field says which)
             head["status"] = "excluded"
-            head["reason"] = (f"worker {list(excluded)} is in the failure set of generation "
-                              f"{self.generation}; report a rejoin (POST .../rejoins) to come back")
+            head["reason"] = (f"this worker is in the failure set of generation {self.generation}; "
+                              "report a rejoin (POST .../rejoins) to come back")
         return head
 
     def streamed(self, worker: Worker) -> bool:

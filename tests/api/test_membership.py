@@ -188,6 +188,11 @@ def test_answers_are_the_shared_head_with_each_workers_part_spliced_in():
     m.plan_ready(*running("p3", 10.0))  # running again, as in generation 2
     again = json.loads(state.body("j", m, (0, 0)))
     assert (again["generation"], again["plan_id"], again["failed"]) == (3, "p3", [])
+    m.change({(1, 1), (0, 0)}, "two failed", now=3.0)
+    m.plan_ready(*running("p2b"))
+    two = Payload("j", m)
+    heads = {two.body(m, w)[:two.body(m, w).index(b',"worker"')] for w in ((1, 1), (0, 0))}
+    assert len(heads) == 1  # every failed worker's answer is one shared head, serialized once
 
 
 class CountingStore:
