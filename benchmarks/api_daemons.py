@@ -90,7 +90,12 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         while not stop.is_set():
             await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
             started = time.perf_counter()
-            status, _ = await conn.request("POST", path, None, auth)
+            try:
+                status, _ = await conn.request("POST", path, None, auth)
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status = -1  # closed by the server: counted, and beat again on a new connection
+                await conn.close()
+                conn = await connect()
             beats.append((started, time.perf_counter() - started))
             if status != 200:
                 errors["heartbeat"] += 1
@@ -113,7 +118,9 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
                 status, body = -1, b""
             if status == 200:
                 answer = json.loads(body)
-                if answer["generation"] >= 2 and worker not in held:
+                # Held: an answer whose failure set has the reported worker (a generation the
+                # start-up storm made, e.g. a worker failed by the watchdog, is not this one).
+                if failed in answer["failed"] and worker not in held:
                     held[worker] = time.perf_counter()
                     answer_bytes.append(len(body))
                     # The alive set the worker builds its groups from, derived as a daemon does.
@@ -143,6 +150,11 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
              f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
              f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms; reporting the failure")
     report = await Connection(host, port).open()
+    status, body = await report.request("GET", f"/v1/jobs/{job_id}/membership", None, ADMIN)
+    before = json.loads(body)
+    if before["generation"] != 1:  # the measurement below would include those workers' changes
+        errors["generations_before_the_failure"] = before["generation"] - 1
+        progress(f"warning: generation {before['generation']} before the failure ({before['reason']})"[:300])
     reported = time.perf_counter()
     status, body = await asyncio.wait_for(
         report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN), timeout=60)

@@ -59,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), access_log=False, http=http,
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
+                            # Worker daemons keep one connection each and beat every second: with
+                            # uvicorn's 5 s, a server busy for 5 s (4,095 answers after a failure at
+                            # 4,096 daemons) closed thousands of them whose next beat was waiting.
+                            timeout_keep_alive=60,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
     server = _server_class()(config)
     _quiet_gc()
