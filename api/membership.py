@@ -63,6 +63,24 @@ def worth_adopting(current_ms: float | None, candidate_ms: float | None) -> bool
     return candidate_ms < current_ms * (1.0 - ADOPT_MARGIN)
 
 
+class FailureSet(tuple):
+    """A generation's failed workers: a sorted tuple (stored, compared and answered as one) whose
+    `in` is a set lookup. Every beat, answer and watchdog tick asks `worker in failed` (the
+    watchdog for every worker): on a plain tuple that was O(failures) each, and once a stall got
+    hundreds of workers declared failed at 4,096 daemons, those scans took 40 % of the server
+    (py-spy) - slowing it further, so the next watchdog tick failed more."""
+
+    _members: frozenset
+
+    def __new__(cls, workers=()) -> FailureSet:
+        self = super().__new__(cls, sorted({(p, s) for p, s in workers}))
+        self._members = frozenset(self)
+        return self
+
+    def __contains__(self, worker) -> bool:
+        return worker in self._members
+
+
 def lost_stages(pipelines: int, stages: int, failed: tuple[Worker, ...]) -> list[int]:
     """Stages whose every worker is in the failure set."""
     dead = set(failed)
@@ -75,7 +93,7 @@ class Membership:
     stages: int
     timeouts: Timeouts = field(default_factory=Timeouts)
     generation: int = 1
-    failed: tuple[Worker, ...] = ()
+    failed: FailureSet = field(default_factory=FailureSet)
     plan_id: str | None = None
     status: str = "solving"  # solving | running | waiting | stopped
     reason: str | None = None
@@ -113,10 +131,6 @@ class Membership:
         timeout = self.timeouts.heartbeat_timeout_s
         return sum(1 for w, seen in self.last_seen.items() if w not in self.failed and now - seen <= timeout)
 
-    def alive(self) -> list[list[int]]:
-        dead = set(self.failed)
-        return [[p, s] for p in range(self.pipelines) for s in range(self.stages) if (p, s) not in dead]
-
     # ---------------------------------------------------------------------------- transitions
     def beat(self, worker: Worker, now: float) -> None:
         self.last_seen[worker] = now
@@ -148,7 +162,7 @@ class Membership:
             self.generation += 1
             self.suspects.clear()  # reports were about the old generation's groups
             self.changed_at = now
-        self.failed = tuple(sorted(set(failed)))
+        self.failed = FailureSet(failed)
         self.reason, self.iteration_ms = cause, None
         lost = lost_stages(self.pipelines, self.stages, self.failed)
         if lost:
@@ -268,14 +282,19 @@ class Membership:
             "heartbeat_timeout_s": self.timeouts.heartbeat_timeout_s,
         }
 
-    def assignment_head(self, job_id: str, excluded: Worker | None = None) -> dict:
+    def assignment_head(self, job_id: str, excluded: bool = False) -> dict:
         """This settled generation's assignment, less `worker` and its instruction stream (shared
-        by every alive worker); for `excluded`, a failed worker, its `excluded` answer."""
-        head = {**self.state(job_id), "alive": self.alive()}
-        if excluded is not None:
+        by every alive worker); `excluded`: the one every failed worker gets.
+
+        The alive set is not listed: it is every worker of the `pipelines` x `stages` grid not in
+        `failed`, and the worker derives it (`executor.membership.alive_workers`). Listed, it was
+        ~33 KB per answer at 64 x 64, x 4,095 answers after every failure - five times the bytes
+        of the streams themselves; the failure set grows with the failures, not with the job."""
+        head = {**self.state(job_id), "pipelines": self.pipelines, "stages": self.stages}
+        if excluded:  # the same for every failed worker (its `worker` field says which)
             head["status"] = "excluded"
-            head["reason"] = (f"worker {list(excluded)} is in the failure set of generation "
-                              f"{self.generation}; report a rejoin (POST .../rejoins) to come back")
+            head["reason"] = (f"this worker is in the failure set of generation {self.generation}; "
+                              "report a rejoin (POST .../rejoins) to come back")
         return head
 
     def streamed(self, worker: Worker) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from api.membership import Membership, Timeouts
+from api.membership import FailureSet, Membership, Timeouts
 from api.solver import in_thread
 from api.store import JobRow, Store
 from planner.spec import Worker
@@ -40,7 +40,7 @@ class MembershipStore:
         records = {w: (info["address"], info["pid"], info["session"]) for w, info in registered.items()}
         if stored is None:
             return m, records, None
-        m.generation, m.failed = stored["generation"], tuple(stored["failed"])
+        m.generation, m.failed = stored["generation"], FailureSet(stored["failed"])
         m.plan_id, m.status, m.reason = stored["plan_id"], stored["status"], stored["reason"]
         return m, records, m.status == "solving" or (m.status == "running" and m.plan_id is not None)
 

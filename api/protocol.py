@@ -7,6 +7,11 @@ line plus headers) are counted as they arrive, before the parser sees them: over
 complete within `header_timeout_s` of its first byte (or of the connection opening) gets 408 and is
 closed, so half-open and trickling connections are not held. A body not complete within
 `body_timeout_s` of its head gets 408 too (its size is limited by `BodyLimit`).
+
+`quick` (`api.fastpath.HeadBeats`) answers requests that need nothing but their head - a registered
+worker's bodiless heartbeat - right when the head is parsed, without an ASGI task or request cycle;
+only on a keep-alive HTTP/1.1 connection with no earlier request still being answered (responses
+stay in order). Whatever it declines (None) goes to the app as usual.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     max_headers = 100
     header_timeout_s = 10.0
     body_timeout_s = 30.0
+    quick = None
+    """Optional `(method, url, headers) -> bytes | None`: a 200 JSON answer from the head alone."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -32,6 +39,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._rejected = False
+        self._answered = False
+        """The current request was answered from its head (`quick`): the app never sees it."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,12 +78,34 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._stop_head_timer()
+        if self.quick is not None and (self.cycle is None or self.cycle.response_complete) \
+                and not self.pipeline and self.parser.should_keep_alive() \
+                and self.parser.get_http_version() == "1.1":
+            body = self.quick(self.parser.get_method(), self.url, self.headers)
+            if body is not None:
+                self._answered = True
+                self.transport.write(b"".join(
+                    [b"HTTP/1.1 200 OK\r\n",
+                     *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body]))
+                return
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self._answered:  # `quick` answers bodiless requests only; nothing to hand on
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._stop_body_timer()
-        super().on_message_complete()
+        if self._answered:  # what uvicorn does when a response completes, less the app's cycle
+            self._answered = False
+            self.server_state.total_requests += 1
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
+        else:
+            super().on_message_complete()
         # Whatever comes next on this connection is the next request's head.
         self._in_head, self._head_bytes, self._head_lines, self._tail = True, 0, 0, b""
 
@@ -127,7 +158,8 @@ class GuardedHttpTools(HttpToolsProtocol):
 
 
 def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float,
-                     body_timeout_s: float) -> type:
+                     body_timeout_s: float, quick=None) -> type:
     return type("GuardedHttpToolsProtocol", (GuardedHttpTools,), {
         "max_header_bytes": max_header_bytes, "max_headers": max_headers,
-        "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s})
+        "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
+        "quick": staticmethod(quick) if quick is not None else None})

@@ -164,7 +164,10 @@ class Assignment(BaseModel):
     plan_id: str | None
     failed: list[WorkerRef]
     worker: WorkerRef
-    alive: list[WorkerRef]
+    pipelines: int = Field(description="The job's pipelines (D).")
+    stages: int = Field(description="The job's stages (S). This generation's alive workers are every "
+                        "[p, s] with p < pipelines and s < stages that is not in `failed`: derive them "
+                        "rather than expect a list (it would grow with the job, sent to every worker).")
     iteration_ms: float | None
     heartbeat_interval_s: float
     heartbeat_timeout_s: float

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import httpx
 from api_common import Connection, host_port, percentile, run_loop, scenario, start_service, stop_service
+
+from executor.membership import alive_workers
 
 TOKEN = "bench-admin-token-0123456789"
 T0 = time.perf_counter()
@@ -46,6 +49,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     beats: list[tuple[float, float]] = []  # (begun at, latency)
     registering: list[float] = []  # each daemon's first beat: it registers (a database write)
     held: dict[tuple, float] = {}
+    answer_bytes: list[int] = []  # each daemon's answer of the new generation
     errors = {"heartbeat": 0}
     stop = asyncio.Event()
     lags: list[float] = []
@@ -86,33 +90,51 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         while not stop.is_set():
             await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
             started = time.perf_counter()
-            status, _ = await conn.request("POST", path, None, auth)
+            try:
+                status, _ = await conn.request("POST", path, None, auth)
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                status = -1  # closed by the server: counted, and beat again on a new connection
+                await conn.close()
+                conn = await connect()
             beats.append((started, time.perf_counter() - started))
             if status != 200:
                 errors["heartbeat"] += 1
         await conn.close()
 
     async def poll(worker) -> None:
+        """Long-poll as `executor/membership.py` does: a newer generation is held, then the next
+        poll (after it) goes out at once and parks until the run stops."""
         p, s = worker
         conn = await connect()
-        while True:
+        after = 1
+        while not stop.is_set():
             try:
                 status, body = await conn.request(
-                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after=1&wait_s=60", None,
+                    "GET", f"/v1/jobs/{job_id}/workers/{p}/{s}/assignment?after={after}&wait_s=60", None,
                     {"Authorization": f"Bearer {token}"})
             except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                if stop.is_set():
+                    break
                 status, body = -1, b""
-            if status == 200 and json.loads(body)["generation"] >= 2:
-                held[worker] = time.perf_counter()
-                break
-            if status not in (200, 204):  # counted, then poll again on a new connection (as daemons do)
+            if status == 200:
+                answer = json.loads(body)
+                # Held: an answer whose failure set has the reported worker (a generation the
+                # start-up storm made, e.g. a worker failed by the watchdog, is not this one).
+                if failed in answer["failed"] and worker not in held:
+                    held[worker] = time.perf_counter()
+                    answer_bytes.append(len(body))
+                    # The alive set the worker builds its groups from, derived as a daemon does.
+                    if alive_workers(answer) != alive:
+                        errors["wrong_alive"] = errors.get("wrong_alive", 0) + 1
+                after = max(after, answer["generation"])
+            elif status != 204:  # counted, then poll again on a new connection (as daemons do)
                 errors[f"poll_{status}"] = errors.get(f"poll_{status}", 0) + 1
                 await conn.close()
                 conn = await connect()
         await conn.close()
 
     started_at = time.perf_counter()
-    alive = [w for w in workers if list(w) != failed]
+    alive = [tuple(w) for w in workers if list(w) != failed]
     n = len(workers)
     beaters = [asyncio.ensure_future(heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
@@ -128,16 +150,27 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
              f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
              f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms; reporting the failure")
     report = await Connection(host, port).open()
+    status, body = await report.request("GET", f"/v1/jobs/{job_id}/membership", None, ADMIN)
+    before = json.loads(body)
+    if before["generation"] != 1:  # the measurement below would include those workers' changes
+        errors["generations_before_the_failure"] = before["generation"] - 1
+        progress(f"warning: generation {before['generation']} before the failure ({before['reason']})"[:300])
     reported = time.perf_counter()
     status, body = await asyncio.wait_for(
         report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN), timeout=60)
     assert status == 200, body
-    await asyncio.wait_for(asyncio.gather(*pollers), timeout=120)
+    deadline = time.perf_counter() + 120
+    while len(held) < len(alive):
+        assert time.perf_counter() < deadline, f"only {len(held)} of {len(alive)} hold generation 2 in 120 s"
+        await asyncio.sleep(0.01)
     progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s")
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
     ended = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
+    for poller in pollers:  # parked in their next long-poll: nothing more to measure
+        poller.cancel()
+    await asyncio.gather(*pollers, return_exceptions=True)
     await report.close()
     # Steady state: every beat begun once all daemons had registered (the failure included).
     ms = [b * 1000 for at, b in beats if at >= registered_at]
@@ -153,6 +186,8 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
+            "answer_bytes_p50": int(percentile(sorted(answer_bytes), 0.5)),
+            "answer_bytes_total": sum(answer_bytes),
             "first_s": round(min(held.values()) - reported, 3)}
 
 
@@ -169,6 +204,10 @@ def main() -> None:
                     "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     args = ap.parse_args()
+    # The generator holds 8,192 connections and tasks: with the default thresholds its own full
+    # collections paused it for 1.0-1.3 s (gc callbacks), which the beats it timed then included.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     launcher: tuple[str, ...] = (sys.executable,)
     if args.pin:
         os.sched_setaffinity(0, {0})
@@ -203,7 +242,11 @@ def main() -> None:
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
                                              args.after, args.ramp if args.ramp is not None else interval))
         except BaseException:
-            print((Path(_tmp.name) / "service.log").read_text()[-3000:], file=sys.stderr)
+            log = (Path(_tmp.name) / "service.log").read_text().splitlines()
+            changes = [line for line in log if '"generation changed"' in line or '"level": "error"' in line]
+            for line in changes[:20]:  # why the membership moved (failure lists cut short)
+                print(line[:600], file=sys.stderr)
+            print("\n".join(log)[-3000:], file=sys.stderr)
             raise
         finally:
             stop_service(proc)

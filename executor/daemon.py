@@ -35,7 +35,7 @@ from typing import Any
 
 from executor.comms import GenerationGroups, Interrupted, PeerLost, Timeouts, connect_store, interruptible
 from executor.fault_points import FaultPoints
-from executor.membership import Membership, MembershipError
+from executor.membership import Membership, MembershipError, alive_workers
 from executor.runtime import Worker
 from executor.worker_spec import WorkerSpec
 from planner.instructions import InstructionStream
@@ -175,7 +175,7 @@ class Daemon:
     def _run_generation(self, a: dict[str, Any]) -> None:
         spec, worker, store, interrupt = self.spec, self.worker, self.store, self.member.changed
         gen = a["generation"]
-        alive = sorted(tuple(w) for w in a["alive"])
+        alive = alive_workers(a)
         stream = InstructionStream.model_validate(a["instructions"])
         store.set(f"gen{gen}/at/{self.name}", str(worker.completed if self.has_state else -1))
         at = self._gather(gen, alive)

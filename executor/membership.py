@@ -31,6 +31,15 @@ POLL_WAIT_S = 20.0
 """Long-poll length; the HTTP read timeout is this plus a margin (the service's hierarchy)."""
 
 
+def alive_workers(assignment: dict[str, Any]) -> list[Worker]:
+    """A generation's alive workers, sorted: the job's `pipelines` x `stages` grid less `failed`.
+    The service sends the grid's shape and the failure set rather than the list, which would grow
+    with the job and go to every worker after every change (docs/design.md, coordinator)."""
+    failed = {(p, s) for p, s in assignment["failed"]}
+    return [(p, s) for p in range(assignment["pipelines"]) for s in range(assignment["stages"])
+            if (p, s) not in failed]
+
+
 class MembershipError(RuntimeError):
     """The service refused or could not be reached; the message says which and why."""
 

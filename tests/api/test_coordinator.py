@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 from api_testkit import create_job, small_job
 
+from executor.membership import alive_workers
+
 
 def poll(client, job_id, worker, after, wait_s=20.0):
     p, s = worker
@@ -50,7 +52,7 @@ def test_register_then_failure_moves_every_worker_to_the_next_generation(client)
 def registered_then_failure(client, job_id):
     first = poll(client, job_id, (0, 0), after=0)
     assert first["generation"] == 1 and first["status"] == "running" and first["failed"] == []
-    assert first["instructions"]["worker"] == [0, 0] and len(first["alive"]) == 4
+    assert first["instructions"]["worker"] == [0, 0] and len(alive_workers(first)) == 4
     assert first["iteration_ms"] > 0
     # Everyone long-polls "after 1"; one failure report wakes them all with generation 2.
     workers = [(0, 0), (0, 1), (1, 0)]
@@ -62,7 +64,7 @@ def registered_then_failure(client, job_id):
         answers = [f.result(timeout=30) for f in waiting]
     for worker, a in zip(workers, answers, strict=True):
         assert a["generation"] == 2 and a["failed"] == [[1, 1]] and a["status"] == "running"
-        assert a["instructions"]["worker"] == list(worker) and [1, 1] not in a["alive"]
+        assert a["instructions"]["worker"] == list(worker) and (1, 1) not in alive_workers(a)
     # The [0, 1] survivor now also runs pipeline 1's stage-1 micro-batches.
     stage1 = [i for i in answers[1]["instructions"]["instructions"] if i["op"] == "F"]
     assert {tuple(i["microbatch"])[0] for i in stage1} == {0, 1}
@@ -95,7 +97,7 @@ def test_a_stage_without_survivors_waits_for_a_rejoin(client):
     # A rejoin to the lost stage brings the job back with a plan that has [0, 1] alive.
     client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [0, 1]})
     back = poll(client, job_id, (0, 0), after=3)
-    assert back["status"] == "running" and back["failed"] == [[1, 1]] and [0, 1] in back["alive"]
+    assert back["status"] == "running" and back["failed"] == [[1, 1]] and (0, 1) in alive_workers(back)
 
 
 def test_missed_heartbeats_fail_a_worker(client):
@@ -163,3 +165,28 @@ def test_refusals_and_long_poll_timeout(client):
     client.delete(f"/v1/jobs/{other}")
     r = client.post(f"/v1/jobs/{other}/failures", json={"worker": [0, 0]})
     assert r.status_code == 404 and r.json()["field"] == "job_id"
+
+
+def test_a_workers_alive_set_is_derived_from_its_answer(client):
+    """3 x 2 job: [1, 0] fails, then rejoins. Each worker builds its process groups from the alive
+    set it derives from the answer (`executor.membership.alive_workers`): the job's grid less the
+    failure set, which is all the answer carries of the membership."""
+    job_id = create_job(client, small_job(3, 2, 6))
+    everyone = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    first = poll(client, job_id, (2, 1), after=0)
+    assert (first["pipelines"], first["stages"]) == (3, 2) and alive_workers(first) == everyone
+    assert "alive" not in first  # not listed: it grew with the job, sent to every worker
+    failed = client.post(f"/v1/jobs/{job_id}/failures", json={"worker": [1, 0]})
+    assert failed.status_code == 200 and failed.json()["generation"] == 2, failed.text
+    for worker in ((0, 0), (1, 1), (2, 1)):
+        a = poll(client, job_id, worker, after=1)
+        assert (a["generation"], a["status"]) == (2, "running")
+        assert alive_workers(a) == [(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+    excluded = poll(client, job_id, (1, 0), after=1)
+    assert excluded["status"] == "excluded" and (1, 0) not in alive_workers(excluded)
+    rejoined = client.post(f"/v1/jobs/{job_id}/rejoins", json={"worker": [1, 0]})
+    assert rejoined.status_code == 200 and rejoined.json()["generation"] == 3, rejoined.text
+    for worker in ((1, 0), (2, 0)):
+        a = poll(client, job_id, worker, after=2)
+        assert (a["generation"], a["status"], a["failed"]) == (3, "running", [])
+        assert alive_workers(a) == everyone

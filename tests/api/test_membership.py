@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 
 from api.assignment import Payload, StateBytes
-from api.membership import Membership, Timeouts
+from api.membership import FailureSet, Membership, Timeouts
+from executor.membership import alive_workers
 
 ALL = [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def running(plan_id: str, objective_ms: float = 10.0):
     return plan_id, "done", {"objective_ms": objective_ms}, None
+
+
+def alive(m: Membership) -> list[tuple[int, int]]:
+    """The alive set a worker derives from this generation's answer (service bytes -> executor)."""
+    return alive_workers(json.loads(Payload("j", m).head))
 
 
 def started(pipelines: int = 2, stages: int = 2) -> Membership:
@@ -60,13 +66,13 @@ def test_two_failures_then_a_rejoin_walk_the_generations_by_hand():
     assert (m.generation, m.failed, m.suspects) == (3, ((0, 0), (1, 1)), {})
     m.plan_ready(*running("p3"))
     # Each stage keeps one worker: [1, 0] on stage 0 and [0, 1] on stage 1.
-    assert m.alive() == [[0, 1], [1, 0]]
+    assert alive(m) == [(0, 1), (1, 0)]
 
     # 3. [1, 1] rejoins: generation 4 with only [0, 0] failed.
     assert m.change({(0, 0)}, "worker [1, 1] rejoined", now=7.0) is True
     assert (m.generation, m.failed, m.status) == (4, ((0, 0),), "solving")
     m.plan_ready(*running("p4"))
-    assert m.alive() == [[0, 1], [1, 0], [1, 1]]
+    assert alive(m) == [(0, 1), (1, 0), (1, 1)]
 
 
 def test_a_stage_without_workers_waits_and_a_rejoin_brings_it_back():
@@ -163,7 +169,7 @@ def test_answers_are_the_shared_head_with_each_workers_part_spliced_in():
     m.change({(1, 1)}, "worker [1, 1] reported failed", now=1.0)
     m.plan_ready(*running("p2", 12.5))
     head = {"job_id": "j", "generation": 2, "status": "running", "reason": "worker [1, 1] reported failed",
-            "plan_id": "p2", "failed": [[1, 1]], "alive": [[0, 0], [0, 1], [1, 0]], "iteration_ms": 12.5,
+            "plan_id": "p2", "failed": [[1, 1]], "pipelines": 2, "stages": 2, "iteration_ms": 12.5,
             "heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 5.0}
     payload = Payload("j", m)
     payload.streams[(0, 1)] = b'{"worker":[0,1],"instructions":[]}'
@@ -175,13 +181,18 @@ def test_answers_are_the_shared_head_with_each_workers_part_spliced_in():
 
     state = StateBytes()
     beat = json.loads(state.body("j", m, (0, 0)))
-    expected = {k: v for k, v in head.items() if k != "alive"}
+    expected = {k: v for k, v in head.items() if k not in ("pipelines", "stages")}
     assert beat == {**expected, "worker": [0, 0], "excluded": False}
     assert json.loads(state.body("j", m, (1, 1)))["excluded"] is True
     m.change(set(), "worker [1, 1] rejoined", now=2.0)  # a change is seen, not a stale copy
     m.plan_ready(*running("p3", 10.0))  # running again, as in generation 2
     again = json.loads(state.body("j", m, (0, 0)))
     assert (again["generation"], again["plan_id"], again["failed"]) == (3, "p3", [])
+    m.change({(1, 1), (0, 0)}, "two failed", now=3.0)
+    m.plan_ready(*running("p2b"))
+    two = Payload("j", m)
+    heads = {two.body(m, w)[:two.body(m, w).index(b',"worker"')] for w in ((1, 1), (0, 0))}
+    assert len(heads) == 1  # every failed worker's answer is one shared head, serialized once
 
 
 class CountingStore:
@@ -220,3 +231,45 @@ def test_a_beat_writes_only_what_changes_and_registrations_together_share_a_tran
     assert len(transactions) == 2 and len(transactions[0][1]) == 64
     assert transactions[1] == ("j", [((0, 3), "10.0.0.3:29500", 1003, None)])
     assert records[(0, 3)] == ("10.0.0.3:29500", 1003, "h3")
+
+
+def test_an_answer_does_not_grow_with_the_jobs_worker_count():
+    """Every alive worker gets its answer after every change: its bytes must be the worker's own
+    (its stream) plus the change (the failure set), not a list of the job's workers."""
+    stream = b'{"worker":[0,1],"instructions":[]}'
+    sizes = {}
+    for pipelines, stages in ((2, 2), (64, 64)):
+        m = started(pipelines, stages)
+        m.change({(1, 1)}, "worker [1, 1] reported failed", now=1.0)
+        m.plan_ready(*running("p2"))
+        payload = Payload("j", m)
+        payload.streams[(0, 1)] = stream
+        answer, excluded = payload.body(m, (0, 1)), payload.body(m, (1, 1))
+        assert alive_workers(json.loads(answer)) == [
+            (p, s) for p in range(pipelines) for s in range(stages) if (p, s) != (1, 1)]
+        sizes[pipelines] = len(answer), len(excluded)
+    # 2 x 2 -> 64 x 64: only the digits of "pipelines" and "stages" grow (listing the 4,095 alive
+    # workers added ~33 KB to each answer).
+    assert sizes[64][0] - sizes[2][0] == 2 and sizes[64][1] - sizes[2][1] == 2, sizes
+
+
+def test_the_failure_set_is_a_sorted_tuple_with_set_lookups():
+    failed = FailureSet([(1, 0), (0, 1), (1, 0)])
+    assert failed == ((0, 1), (1, 0)) and isinstance(failed, tuple) and len(failed) == 2
+    assert (1, 0) in failed and (1, 1) not in failed and (1, 0) in FailureSet([[1, 0]])  # stored as lists
+
+    class Probe:  # counts the comparisons `in` makes: a tuple scan compares with every member
+        compared = 0
+
+        def __hash__(self) -> int:
+            return hash((99, 99))  # no member has this hash
+
+        def __eq__(self, other) -> bool:
+            Probe.compared += 1
+            return False
+
+    big = FailureSet((p, s) for p in range(64) for s in range(64))
+    assert Probe() not in big and Probe.compared == 0  # one hash lookup, whatever the failure count
+    m = started()
+    m.change({(1, 1)}, "x", now=1.0)
+    assert isinstance(m.failed, FailureSet) and (1, 1) in m.failed

@@ -14,6 +14,8 @@ import httpx
 import pytest
 from api_testkit import Server, small_job
 
+from executor.membership import alive_workers
+
 ADMIN = "admin-token-0123456789abcdef"
 REG = "X-Recycle-Registration"
 
@@ -156,7 +158,7 @@ def test_a_worker_that_never_registers_is_declared_failed(server, admin):
         assert state["failed"] == [[1, 1]] and "never registered" in state["reason"], state
         assert state["status"] == "running"
         a = workers.client.get(f"/v1/jobs/{job_id}/workers/0/1/assignment", params={"after": 1, "wait_s": 10})
-        assert a.status_code == 200 and [1, 1] not in a.json()["alive"], a.text
+        assert a.status_code == 200 and (1, 1) not in alive_workers(a.json()), a.text
     finally:
         workers.close()
 
