@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from api_daemons import AliveCheck  # noqa: E402
+from api_daemons import AliveCheck, answer_head  # noqa: E402
 
 
 def _answer(pipelines: int, stages: int, failed: list[list[int]]) -> dict:
@@ -32,3 +32,15 @@ def test_a_wrong_first_answer_stays_wrong():
     assert not check(_answer(2, 2, []))
     assert not check(_answer(2, 2, []))
     assert check(_answer(2, 2, [[0, 1]]))
+
+
+def test_the_head_is_the_answer_less_worker_and_stream():
+    """The head the benchmark decides "held" from is the answer as the service builds it
+    (`api.assignment._splice`), less the two members it splices in last."""
+    from api.assignment import _splice
+
+    head = b'{"generation":2,"failed":[[1,2]],"reason":"worker [1, 2] \\",\\"worker\\":[ odd","pipelines":3}'
+    body = _splice(head, (0, 1), b',"instructions":{"ops":[{"op":"F","worker":[9,9]}]}')
+    assert answer_head(body) == {"generation": 2, "failed": [[1, 2]], "pipelines": 3,
+                                 "reason": 'worker [1, 2] ","worker":[ odd'}
+    assert answer_head(b'{"generation":3,"failed":[]}') == {"generation": 3, "failed": []}
