@@ -30,9 +30,9 @@ def quick_class(job, canonical_failed: tuple) -> tuple[dict[str, Any], dict[str,
     from planner.paper_style import paper_style_schedule
     from planner.routing import balanced_routing, dissolving_routing
     from planner.simulator import ReplayError, replay
-    from planner.solve import PlanResult
+    from planner.solve import PlanResult, concrete_ops
     from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
-    from planner.timeline import Op, SolverStats, SolveStatus
+    from planner.timeline import SolverStats, SolveStatus
     from planner.validate import validate
 
     started = time.perf_counter()
@@ -70,10 +70,6 @@ def quick_class(job, canonical_failed: tuple) -> tuple[dict[str, Any], dict[str,
     if best is None:
         raise ValueError(f"no quick candidate gives a valid plan for failure class {canonical.key}")
     ops, period, name, report = best
-    to_concrete, pipe = canonical.concrete_worker, canonical.to_concrete
-    concrete_ops = [Op(to_concrete(o.worker), o.kind,
-                       None if o.microbatch is None else (pipe[o.microbatch[0]], o.microbatch[1]),
-                       o.start_ms, o.end_ms) for o in ops]
     optimal = report.converged and period <= bound.value_ms + 1e-6
     stats = SolverStats(
         status=SolveStatus.OPTIMAL if optimal else SolveStatus.HEURISTIC, objective_ms=period,
@@ -81,8 +77,9 @@ def quick_class(job, canonical_failed: tuple) -> tuple[dict[str, Any], dict[str,
         time_limit_s=0.0, heuristic_policy=QUICK_STATUS_POLICY_PREFIX + name,
         replay_settled=report.converged, replay_cycle=report.cycle if report.converged else 0,
         fault_free_method=ff.method)
-    result = PlanResult(job=job, failed=tuple(sorted(to_concrete(w) for w in failed)), canonical=canonical,
-                        ops=concrete_ops, iteration_ms=period, fault_free_iteration_ms=ff.iteration_ms,
+    result = PlanResult(job=job, failed=tuple(sorted(canonical.concrete_worker(w) for w in failed)),
+                        canonical=canonical, ops=concrete_ops(canonical, ops), iteration_ms=period,
+                        fault_free_iteration_ms=ff.iteration_ms,
                         lower_bound_ms=bound.value_ms, bound_reason=bound.reason, stats=stats)
     timeline = result.timeline_json()
     return timeline["solver"], timeline

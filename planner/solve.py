@@ -198,7 +198,7 @@ def _to_concrete(canonical: CanonicalFailure, op: Op) -> Op:
     )
 
 
-def _all_to_concrete(canonical: CanonicalFailure, ops: list[Op]) -> list[Op]:
+def concrete_ops(canonical: CanonicalFailure, ops: list[Op]) -> list[Op]:
     """`_to_concrete` over a whole plan, with the pipeline map read once (the same ops, faster).
 
     Equal worker and micro-batch tuples are shared between ops (one per worker, one per
@@ -340,7 +340,7 @@ def plan(
         ops, period, stats, reason = _solve_canonical(
             job, canonical.failed, left, use_cp, seed, template=ff_ops
         )
-        ops = _all_to_concrete(canonical, ops)
+        ops = concrete_ops(canonical, ops)
     stats.fault_free_method = ff.method
     concrete_failed = tuple(sorted(canonical.concrete_worker(w) for w in canonical.failed))
     if check:

@@ -19,7 +19,7 @@ from planner.failures import normalize
 from planner.fault_free import fault_free_plan, replicate
 from planner.instructions import instruction_stream_json
 from planner.simulator import replay
-from planner.solve import _all_to_concrete, _solve_canonical, plan
+from planner.solve import _solve_canonical, concrete_ops, plan
 from planner.timeline import Op
 from planner.validate import validate
 
@@ -66,7 +66,7 @@ def _direct_reroute(job, canonical, planned, template, receivers) -> list[Op]:
             d = common[o.worker[1]] - own_ar[o.worker]
             o = Op(o.worker, o.kind, None, o.start_ms + d, o.end_ms + d)
         moved.append(o)
-    return _all_to_concrete(canonical, moved)
+    return concrete_ops(canonical, moved)
 
 
 @pytest.mark.parametrize("failed", FAILURE_SETS)
@@ -95,7 +95,7 @@ def test_dropping_expansion_is_relabel_dropped(job6, failed):
     canonical = normalize(job6, failed)
     dropped = dropped_job(job6, canonical.failed)
     template = list(fault_free_plan(dropped).ops)
-    direct = _all_to_concrete(canonical, relabel_dropped(job6, canonical.failed, dropped,
+    direct = concrete_ops(canonical, relabel_dropped(job6, canonical.failed, dropped,
                                                          replicate(dropped, template)))
     expansion = dropping_expansion(job6, canonical.failed, canonical.to_concrete, template)
     expanded = list(expansion.expand())
