@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cli.timeline_text import timeline_chunks, timeline_text  # noqa: F401  (precompute imports it here)
+from cli.timeline_text import compact_json, timeline_chunks
 
 EXIT_OK, EXIT_INVALID, EXIT_INPUT = 0, 1, 2
 FORMATS = ("timeline", "chrome", "csv", "gantt", "summary")
@@ -188,10 +188,6 @@ def write_output(path: str | None, data) -> None:
             Path(path).write_text(data, encoding="utf-8")
     except OSError as exc:
         raise CliError(f"-o {path}: cannot write ({exc.strerror or exc})") from None
-
-
-def compact_json(doc: Any) -> str:
-    return json.dumps(doc, separators=(",", ":"))
 
 
 def _workers_text(workers) -> str:

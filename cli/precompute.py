@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.plan import EXIT_INVALID, EXIT_OK, CliError, check_time_limit, load_job, load_json, timeline_text
+from cli.plan import EXIT_INVALID, EXIT_OK, CliError, check_time_limit, load_job, load_json
+from cli.timeline_text import timeline_text
 
 INDEX_FORMAT = "recycle.precompute/v1"
 INDEX_CHECKPOINT_S = 2.0

@@ -50,7 +50,7 @@ def test_plan_writes_a_timeline_and_summarises(job_file, plan_file):
 
 
 def test_fast_timeline_text_is_the_contract_document(failed_plan, fault_free_plan):
-    from cli.plan import timeline_text
+    from cli.timeline_text import timeline_text
 
     for result in (failed_plan, fault_free_plan):
         assert json.loads(timeline_text(result)) == result.timeline_json()
