@@ -52,22 +52,34 @@ class Replanning:
             future.set_result(plan.status)
         generation = m.generation
         if not m.failed:  # generation 1: the full solve is the fault-free plan, no search to skip
-            m.plan_ready(plan.id, "pending", None, None)
-            asyncio.ensure_future(self._when_solved(live, generation, plan.id, future))
+            self._wait_for(live, plan.id, future)
             return
         quick, quick_future = await self.plans.request_quick(live.job, list(m.failed))
         if quick.status == "failed":  # a stored quick failure: only the full solve is left
             self.plans.solver.queue.promote(future, URGENT)
-            m.plan_ready(plan.id, "pending", None, None)
-            asyncio.ensure_future(self._when_solved(live, generation, plan.id, future))
+            self._wait_for(live, plan.id, future)
             return
         if quick_future is None:
             m.plan_ready(quick.id, quick.status, quick.summary, quick.error)
         else:
-            m.plan_ready(quick.id, "pending", None, None)
-            asyncio.ensure_future(self._when_solved(live, generation, quick.id, quick_future,
-                                                    fallback=(plan.id, future)))
+            self._wait_for(live, quick.id, quick_future, fallback=(plan.id, future))
         asyncio.ensure_future(self._when_improved(live, generation, quick.id, plan.id, future))
+
+    def _wait_for(self, live: Live, plan_id: str, future: asyncio.Future,
+                  fallback: tuple[str, asyncio.Future] | None = None) -> None:
+        """The current generation waits (status pending) for plan `plan_id`, solving in `future`."""
+        live.m.plan_ready(plan_id, "pending", None, None)
+        asyncio.ensure_future(self._when_solved(live, live.m.generation, plan_id, future, fallback))
+
+    async def _run(self, live: Live, plan) -> None:
+        """The current generation runs the solved `plan`: stored, then its long-polls answered."""
+        m = live.m
+        m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
+        await self.persist.save(live.job.id, m)
+        log.info("generation ready", extra={"job_id": live.job.id, "generation": m.generation,
+                                            "status": m.status,
+                                            "plan": "quick" if is_quick(plan.class_key) else "full"})
+        self._settled(live)
 
     async def _when_solved(self, live: Live, generation: int, plan_id: str, future: asyncio.Future,
                            fallback: tuple[str, asyncio.Future] | None = None) -> None:
@@ -87,15 +99,9 @@ class Replanning:
                 log.error("quick plan failed; waiting for the full solve",
                           extra={"job_id": live.job.id, "generation": generation, "error": plan.error})
                 self.plans.solver.queue.promote(full_future, URGENT)
-                m.plan_ready(full_id, "pending", None, None)
-                asyncio.ensure_future(self._when_solved(live, generation, full_id, full_future))
+                self._wait_for(live, full_id, full_future)
                 return
-            m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
-            await self.persist.save(live.job.id, m)
-            kind = "quick" if is_quick(plan.class_key) else "full"
-            log.info("generation ready", extra={"job_id": live.job.id, "generation": m.generation,
-                                                "status": m.status, "plan": kind})
-            self._settled(live)
+            await self._run(live, plan)
 
     async def _when_improved(self, live: Live, generation: int, quick_id: str, full_id: str,
                              future: asyncio.Future) -> None:
@@ -110,9 +116,7 @@ class Replanning:
                 return  # the full solve failed or was aborted: the quick plan stays
             if m.status == "solving" and m.plan_id == quick_id:
                 # The full solve finished before the quick one: this generation runs it directly.
-                m.plan_ready(plan.id, plan.status, plan.summary, plan.error)
-                await self.persist.save(live.job.id, m)
-                self._settled(live)
+                await self._run(live, plan)
                 return
             before, quick_ms = m.generation, m.iteration_ms
             if m.plan_id != quick_id or not m.improve(generation, plan.id, plan.summary, time.monotonic()):
