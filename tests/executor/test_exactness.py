@@ -9,12 +9,10 @@ parameters must equal a plain single-process training on the same global batches
 from __future__ import annotations
 
 import pytest
-import torch
 
 from executor.local import train_local
-from executor.model import ModelConfig
-from executor.reference import train_reference
 from planner.spec import SpecError
+from tests.executor.references import reference, tiny
 
 pytestmark = pytest.mark.slow
 
@@ -23,23 +21,9 @@ MICROBATCHES = 4
 RTOL = 1e-5
 
 
-def tiny(stages: int) -> ModelConfig:
-    return ModelConfig(layers=2 * stages, width=32, heads=2, vocab=64, seq_len=16, seed=1)
-
-
 @pytest.fixture(scope="module")
 def references():
-    torch.set_num_threads(1)
-    cache = {}
-
-    def get(pipelines: int, stages: int):
-        if (pipelines, stages) not in cache:
-            cache[pipelines, stages] = train_reference(
-                tiny(stages), stages, pipelines, MICROBATCHES, ITERATIONS
-            )
-        return cache[pipelines, stages]
-
-    return get
+    return lambda pipelines, stages: reference(pipelines, stages, MICROBATCHES, ITERATIONS)
 
 
 def assert_same_training(run, ref):

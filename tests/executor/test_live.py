@@ -9,13 +9,12 @@ micro-batch must count exactly once whatever died, when, and who came back.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from executor.cluster import Fault, LiveCluster, LiveRunError, Rejoin
 from executor.local import uniform_job
-from executor.model import ModelConfig
-from executor.reference import train_reference
 from executor.service import ServiceClient
+from tests.executor.references import reference as reference_training
+from tests.executor.references import tiny
 
 pytestmark = pytest.mark.slow
 
@@ -23,22 +22,9 @@ M = 4
 RTOL = 1e-5
 
 
-def tiny(stages: int) -> ModelConfig:
-    return ModelConfig(layers=2 * stages, width=32, heads=2, vocab=64, seq_len=16, seed=1)
-
-
 @pytest.fixture(scope="module")
 def reference():
-    torch.set_num_threads(1)
-    cache = {}
-
-    def get(pipelines: int, stages: int, iterations: int):
-        if (pipelines, stages, iterations) not in cache:
-            cache[pipelines, stages, iterations] = train_reference(
-                tiny(stages), stages, pipelines, M, iterations)
-        return cache[pipelines, stages, iterations]
-
-    return get
+    return lambda pipelines, stages, iterations: reference_training(pipelines, stages, M, iterations)
 
 
 def live(service, pipelines, stages, iterations, faults=(), rejoins=(), agent_reports=True, **options):
@@ -108,7 +94,7 @@ def test_a_lost_stage_nobody_rejoins_stops_cleanly_with_consistent_state(service
         assert out["error"].startswith("TrainingStopped")
         # Nothing half-applied: each survivor holds exactly the state after `completed` steps.
         done = out["completed"]
-        want = train_reference(tiny(2), 2, 2, M, done).stage_parameters[0] if done else None
+        want = reference_training(2, 2, M, done).stage_parameters[0] if done else None
         for name, t in out["parameters"].items():
             if want is not None:
                 assert float((t - want[name]).norm() / want[name].norm()) <= RTOL
