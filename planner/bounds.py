@@ -39,6 +39,9 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    at most min(k, n) at once, then aw_s until W end for >= W: first op -> last B end >= n (F + chain
    + B) / min(k, n), and first op -> last W end >= n (a (F + chain + B) + aw W) / L. This also
    bounds the round trip's stretch.
+4. Sharing (`planner.bounds_sharing`): when a failure cuts some of a stage's workers from the next
+   stage, those pay cross-pipeline hops on every round trip; the stage's micro-batches must be
+   shared so that every worker's own bound holds.
 """
 
 from __future__ import annotations
@@ -173,4 +176,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Boun
             value = there + stretch[end_stage] + back + tail
             if value > best.value_ms:
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
-    return best
+    from planner.bounds_sharing import sharing_bound  # it builds on this module's helpers
+
+    sharing = sharing_bound(job, failed)
+    return sharing if sharing.value_ms > best.value_ms else best

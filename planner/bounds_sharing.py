@@ -1,0 +1,114 @@
+"""Bound 4 (docs/notes/bounds.md, section 4): the stage's micro-batches shared among unequal workers.
+
+The bounds of `planner.bounds` price the busiest worker of a stage, ceil(D x M / alive) micro-batches,
+as if every worker of the stage were alike. They are not when a failure cuts a pipeline below a
+worker: an alive worker (p, s) whose (p, s + 1) is dead sends every micro-batch it serves to another
+pipeline's stage s + 1 and gets its B back from there, so each of its round trips carries two
+cross-pipeline hops. When memory allows few micro-batches in flight, a round trip is a worker's time
+per micro-batch, so the cut workers can serve fewer micro-batches in a period than the others and the
+rest must carry more: the even split the busiest-worker bound assumes is then out of reach.
+
+For a worker serving n micro-batches of stage s, each of the following is a lower bound on the period
+(tail = AR_s + OPT_s; chain = sum_{t>s}(F_t + B_t) + the hops there and back, with the worker's own
+first hop at least its kind's; k = how many it can hold between F start and B end; L = memory limit):
+- work: n (F + B + W) + tail;
+- round trips, at most k at once: n (F + chain + B) / min(k, n) + W + tail (bound 3's stretch);
+- memory-time: n (a (F + chain + B) + aw W) / L + tail;
+- one at a time: when k = 1 and a + aw > L, no micro-batch's F can start while another's W is still
+  pending, so the windows [F start, W end] are disjoint: n (F + chain + B + W) + tail.
+Each is non-decreasing in n, so with g_i(n) the largest for worker i, the period P must let the
+workers' counts N_i(P) = max{n : g_i(n) <= P} cover the stage: sum_i N_i(P) >= D x M. The least such
+P is the (D x M)-th smallest value among all g_i(n), found by binary search (workers of one kind
+share g, so only the two kinds are searched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.bounds import MEMORY_TOLERANCE_MB, Bound, holds
+from planner.spec import JobSpec, StageCosts, Worker
+
+
+def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Callable[[int], float]:
+    """g(n): the least period that lets one stage-s worker with round-trip `chain` serve n."""
+    f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
+    a, aw = costs.activation[s], costs.activation_w[s]
+    tail = costs.allreduce[s] + costs.optimizer[s]
+    limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
+    k = max(1, holds(costs, s, total))
+    one_at_a_time = k == 1 and a + aw > limit
+
+    def g(n: int) -> float:
+        if n <= 0:
+            return tail
+        value = max(n * (f + b + w), n * (f + chain + b) / min(k, n) + w)
+        if limit > 0:
+            value = max(value, n * (a * (f + chain + b) + aw * w) / limit)
+        if one_at_a_time:
+            value = max(value, n * (f + chain + b + w))
+        return value + tail
+
+    return g
+
+
+def _served(g: Callable[[int], float], period: float, most: int) -> int:
+    """max{n <= most : g(n) <= period} (g non-decreasing)."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if g(mid) <= period:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _least_period(kinds: list[tuple[int, Callable[[int], float]]], total: int) -> float:
+    """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
+    def covers(period: float) -> bool:
+        return sum(count * _served(g, period, total) for count, g in kinds) >= total
+
+    best = float("inf")
+    for _, g in kinds:
+        lo, hi = 1, total
+        if not covers(g(hi)):
+            continue
+        while lo < hi:  # the smallest n whose g(n) covers the stage
+            mid = (lo + hi) // 2
+            if covers(g(mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        best = min(best, g(lo))
+    return best
+
+
+def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
+    """Bound 4 over every stage (module docstring). With no cut worker it prices the even split,
+    which adds to bound 3 only the one-at-a-time term."""
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    dead = set(map(tuple, failed))
+    total = D * M
+    f, b = costs.forward, costs.backward_input
+    hop = [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
+           for s in range(S - 1)]
+    cross = [min(costs.cross_p2p[s], costs.cross_p2p[s + 1]) for s in range(S - 1)]
+    best = Bound(0.0, "")
+    for s in range(S):
+        alive = [p for p in range(D) if (p, s) not in dead]
+        last = s == S - 1
+        cut = 0 if last else sum(1 for p in alive if (p, s + 1) in dead)
+        rest = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s + 1:])
+        kinds = [] if cut == 0 else [(cut, per_worker_bound(costs, s, rest + 2 * cross[s], total))]
+        if len(alive) > cut:
+            own = rest if last else rest + 2 * hop[s]
+            kinds.append((len(alive) - cut, per_worker_bound(costs, s, own, total)))
+        value = _least_period(kinds, total)
+        if value > best.value_ms:
+            best = Bound(value, f"sharing at stage {s}: {cut} of {len(alive)} workers cut from the "
+                                f"next stage, {total} micro-batches" if cut else
+                                f"one at a time at stage {s}: {total} micro-batches on {len(alive)} "
+                                f"workers")
+    return best
