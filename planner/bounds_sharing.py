@@ -84,31 +84,52 @@ def _least_period(kinds: list[tuple[int, Callable[[int], float]]], total: int) -
     return best
 
 
+def _stage_kinds(job: JobSpec, dead: set, s: int):
+    """(cut count, g of a cut worker or None, other count, g of the others) at stage s."""
+    costs = job.costs
+    S, total = job.stages, job.pipelines * job.microbatches
+    f, b = costs.forward, costs.backward_input
+    hop = [min(costs.p2p[t], costs.cross_p2p[t], costs.p2p[t + 1], costs.cross_p2p[t + 1])
+           for t in range(S - 1)]
+    alive = [p for p in range(job.pipelines) if (p, s) not in dead]
+    last = s == S - 1
+    cut = 0 if last else sum(1 for p in alive if (p, s + 1) in dead)
+    rest = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s + 1:])
+    cross = 0.0 if last else min(costs.cross_p2p[s], costs.cross_p2p[s + 1])
+    g_cut = per_worker_bound(costs, s, rest + 2 * cross, total) if cut else None
+    own = rest if last else rest + 2 * hop[s]
+    return cut, g_cut, len(alive) - cut, per_worker_bound(costs, s, own, total)
+
+
+def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:
+    """How many micro-batches a cut worker serves at the period bound 4 gives its stage, for every
+    stage with cut workers: the share a plan that reaches that bound would give it. The search uses
+    them as the `keep` of mixes (`planner.routing.mixed_routing`)."""
+    dead = set(map(tuple, failed))
+    total = job.pipelines * job.microbatches
+    shares = set()
+    for s in range(job.stages - 1):
+        cut, g_cut, others, g = _stage_kinds(job, dead, s)
+        if not cut:
+            continue
+        kinds = [(cut, g_cut)] + ([(others, g)] if others else [])
+        shares.add(min(job.microbatches, _served(g_cut, _least_period(kinds, total), total)))
+    return sorted(shares)
+
+
 def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
     """Bound 4 over every stage (module docstring). With no cut worker it prices the even split,
     which adds to bound 3 only the one-at-a-time term."""
-    costs = job.costs
-    D, S, M = job.pipelines, job.stages, job.microbatches
     dead = set(map(tuple, failed))
-    total = D * M
-    f, b = costs.forward, costs.backward_input
-    hop = [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
-           for s in range(S - 1)]
-    cross = [min(costs.cross_p2p[s], costs.cross_p2p[s + 1]) for s in range(S - 1)]
+    total = job.pipelines * job.microbatches
     best = Bound(0.0, "")
-    for s in range(S):
-        alive = [p for p in range(D) if (p, s) not in dead]
-        last = s == S - 1
-        cut = 0 if last else sum(1 for p in alive if (p, s + 1) in dead)
-        rest = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s + 1:])
-        kinds = [] if cut == 0 else [(cut, per_worker_bound(costs, s, rest + 2 * cross[s], total))]
-        if len(alive) > cut:
-            own = rest if last else rest + 2 * hop[s]
-            kinds.append((len(alive) - cut, per_worker_bound(costs, s, own, total)))
+    for s in range(job.stages):
+        cut, g_cut, others, g = _stage_kinds(job, dead, s)
+        kinds = ([(cut, g_cut)] if cut else []) + ([(others, g)] if others else [])
         value = _least_period(kinds, total)
         if value > best.value_ms:
-            best = Bound(value, f"sharing at stage {s}: {cut} of {len(alive)} workers cut from the "
+            best = Bound(value, f"sharing at stage {s}: {cut} of {cut + others} workers cut from the "
                                 f"next stage, {total} micro-batches" if cut else
-                                f"one at a time at stage {s}: {total} micro-batches on {len(alive)} "
+                                f"one at a time at stage {s}: {total} micro-batches on {others} "
                                 f"workers")
     return best

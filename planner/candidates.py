@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from planner.bounds import lower_bound
+from planner.bounds_sharing import cut_worker_shares
 from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
@@ -28,9 +29,12 @@ from planner.timeline import Op, orders_of
 from planner.zb_greedy import zb_greedy_candidates
 
 HEURISTIC_GRID_MAX_OPS = 60_000
+"""Above this many F/B/W ops only the default policy runs (the 3 s bar at 32 x 16 x 64)."""
 MIXES_ALWAYS_MAX_OPS = 3_000
 """Up to this many F/B/W ops every mix is tried whatever the budget (deterministic on small jobs)."""
-"""Above this many F/B/W ops only the default policy runs (the 3 s bar at 32 x 16 x 64)."""
+MIX_LIST_POLICIES = 6
+"""List policies tried on each mix whose `keep` comes from bound 4 (the grid's first, most often
+winning ones)."""
 SWEEP_POLICIES = [
     SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
 ]
@@ -165,7 +169,16 @@ def best_heuristic(
         # Mixes: part of each damaged pipeline dissolved, the rest kept on its alive workers (tried
         # last and within the budget: the guarantee against dropping rests on the candidates above).
         M = job.microbatches
-        for keep in sorted({M // 4, M // 2, (3 * M) // 4} - {0, M}):
+        # First the share bound 4 gives a worker cut from its next stage (what a plan reaching that
+        # bound would keep on it; list-scheduled too, since with little memory the sweeps' warm-up
+        # shape is what costs: 8 x 2 x 23, docs/notes/bounds.md section 4), then fixed fractions.
+        shared = [keep for keep in cut_worker_shares(job, failed) if 0 < keep < M] if not big else []
+        for keep in shared:
+            mixed = mixed_routing(job, failed, keep)
+            for policy in heuristic_policies(job)[:MIX_LIST_POLICIES]:
+                if consider(list_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
+                    return best
+        for keep in [*shared, *sorted({M // 4, M // 2, (3 * M) // 4} - {0, M, *shared})]:
             mixed = mixed_routing(job, failed, keep)
             for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
                 if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:

@@ -115,3 +115,39 @@ def test_cp_sat_never_beats_the_sharing_bound(case):
     found = cpsat.improve(job, tuple(canonical), start.ops, start.iteration_ms + 1.0, 0.0, 3.0, seed=3)
     best = start.iteration_ms if found.ops is None else min(start.iteration_ms, found.period_ms)
     assert best >= sharing_bound(job, canonical).value_ms
+
+
+def test_cut_worker_share_is_what_the_bound_leaves_it():
+    """The hand-worked jobs above: at 15 ms the 9 ms cut worker serves 1 micro-batch; at 14 ms the
+    7 ms one serves 2."""
+    from planner.bounds_sharing import cut_worker_shares
+
+    slow = JobSpec.parse({**ONE_AT_A_TIME, "pipelines": 3, "stages": 2, "microbatches": 2,
+                          "cross_pipeline_p2p_ms": 2.0})
+    fast = JobSpec.parse({**slow.filled(), "cross_pipeline_p2p_ms": 1.0})
+    assert cut_worker_shares(slow, [(2, 1)]) == [1]
+    assert cut_worker_shares(fast, [(2, 1)]) == [2]
+    assert cut_worker_shares(slow, [(2, 0)]) == []  # nobody cut
+
+
+MEMORY_BOUND_JOB = {  # benchmarks/gap_unseen.py job #4: one stage-0 micro-batch in memory at a time
+    "pipelines": 8, "stages": 2, "microbatches": 23, "forward_ms": [3.3, 3.3],
+    "backward_input_ms": [3.7, 3.5], "backward_weight_ms": [1.0, 2.6], "p2p_ms": 0.91,
+    "cross_pipeline_p2p_ms": 2.75, "allreduce_ms": 37.1, "optimizer_ms": 3.4,
+    "activation_mb": [2.6, 1.4], "activation_w_mb": [1.95, 0.7], "memory_limit_mb": 3.8}
+
+
+def test_the_search_keeps_the_share_bound_4_suggests(monkeypatch):
+    """Three stage-1 failures cut three stage-0 workers, each of which can serve 20 of its 23
+    micro-batches in the bound's period: the mix keeping 20 beats every other candidate (the
+    re-routing paper-style plan, fixed-fraction mixes, dissolving, dropping)."""
+    import planner.candidates
+
+    job = JobSpec.parse(MEMORY_BOUND_JOB)
+    failed = [(1, 1), (2, 1), (3, 1)]
+    with_share = plan(job, failed, use_cp=False, time_limit_s=1e6)
+    assert validate(job, with_share.failed, with_share.ops) == []
+    assert with_share.stats.heuristic_policy.startswith("mix(keep=20)")
+    monkeypatch.setattr(planner.candidates, "cut_worker_shares", lambda job, failed: [])
+    without = plan(job, failed, use_cp=False, time_limit_s=1e6)
+    assert with_share.iteration_ms < without.iteration_ms - 1.0
