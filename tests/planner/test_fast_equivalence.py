@@ -1,0 +1,147 @@
+"""The speed-ups of issue 8's 3 s bar change no result: each faster function against a frozen copy of
+the code it replaced (tests/planner/reference/), on random inputs.
+
+Identity, not closeness: every report field is compared with `==` (floats included), because the
+planner keeps the first candidate whose period is strictly lower, so a last-bit difference in a
+period could change which plan is written (`benchmarks/plan_hashes.py` checks the plans themselves).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import simulator
+from planner.spec import JobSpec
+from planner.timeline import Op
+from tests.planner.random_plans import random_plan
+from tests.planner.reference import simulator_36aee87 as reference_simulator
+
+FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+times = st.one_of(st.integers(1, 6).map(float), st.floats(0.3, 7.0).map(lambda x: round(x, 3)))
+
+
+@st.composite
+def plans(draw, max_d=3, max_s=3, max_m=4):
+    """A random job (whole-ms times: many ties in start times, or fractional), failures, and a
+    random valid plan of it from the planner-independent random list scheduler."""
+    D, S, M = draw(st.integers(1, max_d)), draw(st.integers(1, max_s)), draw(st.integers(1, max_m))
+    per = st.one_of(times, st.lists(times, min_size=S, max_size=S))
+    spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": draw(per),
+            "backward_input_ms": draw(per), "backward_weight_ms": draw(per),
+            "p2p_ms": draw(st.sampled_from([0.0, 0.5, 1.0])),
+            "cross_pipeline_p2p_ms": draw(st.sampled_from([0.0, 0.7, 2.0])),
+            "allreduce_ms": draw(st.integers(0, 6).map(float)),
+            "optimizer_ms": draw(st.integers(0, 2).map(float)),
+            "activation_mb": 2.0, "activation_w_mb": draw(st.sampled_from([0.0, 1.0, 2.0])),
+            "memory_limit_mb": draw(st.sampled_from([2.0, 4.0, 8.0]))}
+    job = JobSpec.parse(spec)
+    failed = []
+    if D > 1:
+        for s in range(S):
+            failed += [(p, s) for p in sorted(draw(st.sets(st.integers(0, D - 1), max_size=D - 1)))]
+    rng = random.Random(draw(st.integers(0, 2**31)))
+    for _ in range(20):
+        ops = random_plan(job, failed, rng, stay_home=rng.random(), w_late=rng.random())
+        if ops is not None:
+            return job, ops, rng
+    return job, None, rng
+
+
+def same_replay(job: JobSpec, ops: list[Op]) -> None:
+    """Both replays raise the same error, or return equal reports field for field."""
+    try:
+        want = reference_simulator.replay(job, ops)
+    except reference_simulator.ReplayError as exc:
+        with pytest.raises(simulator.ReplayError, match=str(exc)):
+            simulator.replay(job, ops)
+        return
+    got = simulator.replay(job, ops)
+    assert got.__dict__ == want.__dict__
+    assert list(got.busy_ms) == list(want.busy_ms)  # same worker order too
+
+
+@FAST
+@given(plans())
+def test_replay_equals_reference_on_random_plans(case):
+    job, ops, rng = case
+    if ops is None:
+        return
+    same_replay(job, ops)
+    # Ties in (start, end) are broken by input order: the shuffled list must agree too.
+    shuffled = ops[:]
+    rng.shuffle(shuffled)
+    same_replay(job, shuffled)
+
+
+@FAST
+@given(plans())
+def test_replay_equals_reference_on_reordered_plans(case):
+    """Orders the scheduler never writes (start times swapped between two ops of a worker): some
+    deadlock, and both replays must say so with the same error; others replay to equal reports."""
+    job, ops, rng = case
+    if ops is None or len(ops) < 2:
+        return
+    for _ in range(3):
+        a, b = rng.sample(range(len(ops)), 2)
+        changed = ops[:]
+        x, y = changed[a], changed[b]
+        changed[a] = Op(x.worker, x.kind, x.microbatch, y.start_ms, y.start_ms + (x.end_ms - x.start_ms))
+        changed[b] = Op(y.worker, y.kind, y.microbatch, x.start_ms, x.start_ms + (y.end_ms - y.start_ms))
+        same_replay(job, changed)
+
+
+def test_replay_equals_reference_on_planner_plans(small_job):
+    from planner.solve import plan
+
+    for failed in ([], [(0, 0)], [(1, 2), (2, 2)]):
+        ops = list(plan(small_job, failed, use_cp=False).ops)
+        same_replay(small_job, ops)
+        same_replay(small_job, ops[::-1])
+
+
+@FAST
+@given(st.integers(1, 40), st.integers(0, 120), st.integers(0, 2**31))
+def test_levels_equal_reference(nodes, edges, seed):
+    """Longest-path depths of random DAGs (edges from lower to higher node ids, repeats allowed),
+    and a cycle raises in both."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, nodes, edges)
+    b = rng.integers(0, nodes, edges)
+    src, dst = np.minimum(a, b), np.maximum(a, b)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    perm = rng.permutation(nodes)  # node ids not in topological order
+    src, dst = perm[src], perm[dst]
+    want = reference_simulator._levels(nodes, src, dst).tolist()
+    assert simulator._levels(nodes, src, dst).tolist() == want
+    if src.size:
+        cyc_src, cyc_dst = np.r_[src, dst[:1]], np.r_[dst, src[:1]]
+        with pytest.raises(simulator.ReplayError):
+            simulator._levels(nodes, cyc_src, cyc_dst)
+        with pytest.raises(reference_simulator.ReplayError):
+            reference_simulator._levels(nodes, cyc_src, cyc_dst)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.sampled_from(list(simulator._KIND_CODE)),
+                          st.integers(0, 3), st.integers(0, 1)), max_size=40))
+def test_worker_order_equals_timeline_worker_orders(rows):
+    """The replay's one-lexsort op order is `timeline.worker_orders`' (per worker by start, end,
+    kind rank, then input order), on op lists full of ties (zero-length ops included)."""
+    from planner.timeline import worker_orders
+
+    ops = [Op((p, s), kind, None if kind in ("ALLREDUCE", "OPTIMIZER") else (0, 0), float(t), float(t + d))
+           for p, s, kind, t, d in rows]
+    orders = worker_orders(ops)
+    want = [op for w in sorted(orders) for op in orders[w]]
+    kind, pipe, stage, _, start, end = simulator._columns(ops, 1)
+    got = [ops[i] for i in simulator._worker_order(kind, pipe, stage, start, end)]
+    assert [id(op) for op in got] == [id(op) for op in want]
