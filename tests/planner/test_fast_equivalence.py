@@ -145,3 +145,89 @@ def test_worker_order_equals_timeline_worker_orders(rows):
     kind, pipe, stage, _, start, end = simulator._columns(ops, 1)
     got = [ops[i] for i in simulator._worker_order(kind, pipe, stage, start, end)]
     assert [id(op) for op in got] == [id(op) for op in want]
+
+
+@st.composite
+def sweeps(draw):
+    """A random job, failures, a routing (balanced / dissolving / mixed / random peers), a sweep
+    policy, and maybe orders: the 1F1B orders with some workers' sequences shuffled (often
+    deadlocking: the stall check must then agree with the loop) or a random valid plan's orders."""
+    from planner.routing import Routing, balanced_routing, mixed_routing
+    from planner.sweep import SweepPolicy, _worker_orders
+    from planner.timeline import orders_of
+
+    D, S, M = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    per = st.one_of(times, st.lists(times, min_size=S, max_size=S))
+    spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": draw(per),
+            "backward_input_ms": draw(per), "backward_weight_ms": draw(per),
+            "p2p_ms": draw(st.sampled_from([0.0, 0.5, 1.0])),
+            "cross_pipeline_p2p_ms": draw(st.sampled_from([0.0, 0.7, 2.0])),
+            "allreduce_ms": 3.0, "optimizer_ms": 1.0,
+            "activation_mb": 2.0, "activation_w_mb": draw(st.sampled_from([0.0, 1.0, 2.0])),
+            "memory_limit_mb": draw(st.sampled_from([2.0, 4.0, 8.0, None]))}
+    job = JobSpec.parse(spec)
+    failed = []
+    if D > 1:
+        for s in range(S):
+            failed += [(p, s) for p in sorted(draw(st.sets(st.integers(0, D - 1), max_size=D - 1)))]
+    failed = tuple(sorted(failed))
+    rng = random.Random(draw(st.integers(0, 2**31)))
+    how = draw(st.sampled_from(["balanced", "mixed", "random"]))
+    routing = None
+    if how == "mixed":
+        routing = mixed_routing(job, failed, draw(st.integers(0, M)))
+    elif how == "random":
+        dead = set(failed)
+        moved = {}
+        for home in range(D):
+            for m in range(M):
+                for s in range(S):
+                    if (home, s) in dead or rng.random() < 0.3:
+                        moved[(home, m, s)] = rng.choice([p for p in range(D) if (p, s) not in dead])
+        routing = Routing(job, failed, moved)
+    if routing is None:
+        routing = balanced_routing(job, failed, draw(st.integers(0, 2)))
+    policy = SweepPolicy(warmup_slack=draw(st.integers(-1, 2)), w_overrun=draw(st.sampled_from([0.0, 0.5])),
+                         fused_backward=draw(st.booleans()))
+    orders = None
+    mode = draw(st.sampled_from(["own", "shuffled", "plan"]))
+    if mode == "shuffled":
+        orders = _worker_orders(job, routing, policy)
+        for w in list(orders):
+            if rng.random() < 0.5:
+                orders[w] = rng.sample(orders[w], len(orders[w]))
+    elif mode == "plan":
+        ops = random_plan(job, list(failed), rng)
+        orders = None if ops is None else orders_of(ops)
+    return job, routing, policy, orders
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(sweeps())
+def test_sweep_equals_reference(case):
+    """The sweep (with its array stall check) writes the reference's schedule op for op, or None
+    exactly when the reference does (a stall, or memory the warm-up cannot get)."""
+    from planner.sweep import sweep_schedule
+    from tests.planner.reference import sweep_36aee87 as reference_sweep
+
+    job, routing, policy, orders = case
+    want = reference_sweep.sweep_schedule(job, routing, policy, orders)
+    got = sweep_schedule(job, routing, policy, orders)
+    assert got == want
+
+
+def test_stall_check_sees_cycles_and_missing_inputs():
+    """Direct cases for `_stalls`: one worker, two stages; B before its own F deadlocks; an input
+    that no worker runs stalls; the plain order does not."""
+    from planner.precedence import needs
+    from planner.sweep import _stalls
+
+    job = JobSpec.parse({"pipelines": 1, "stages": 2, "microbatches": 1, "forward_ms": 1.0,
+                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "allreduce_ms": 1.0, "p2p_ms": 0.5, "activation_mb": 1.0,
+                         "optimizer_ms": 1.0})
+    rule3 = needs(job.costs, 2)
+    fine = {0: [("F", 0), ("B", 0)], 1: [("F", 0), ("B", 0)]}
+    assert not _stalls(fine, 2, 1, rule3)
+    assert _stalls({0: [("B", 0), ("F", 0)], 1: [("F", 0), ("B", 0)]}, 2, 1, rule3)
+    assert _stalls({0: [("F", 0), ("B", 0)], 1: [("B", 0)]}, 2, 1, rule3)  # B at the last stage lacks its F
