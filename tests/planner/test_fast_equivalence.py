@@ -224,8 +224,8 @@ def test_stall_check_sees_cycles_and_missing_inputs():
     from planner.sweep import _stalls
 
     job = JobSpec.parse({"pipelines": 1, "stages": 2, "microbatches": 1, "forward_ms": 1.0,
-                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "allreduce_ms": 1.0, "p2p_ms": 0.5, "activation_mb": 1.0,
-                         "optimizer_ms": 1.0})
+                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "allreduce_ms": 1.0,
+                         "p2p_ms": 0.5, "activation_mb": 1.0, "optimizer_ms": 1.0})
     rule3 = needs(job.costs, 2)
     fine = {0: [("F", 0), ("B", 0)], 1: [("F", 0), ("B", 0)]}
     assert not _stalls(fine, 2, 1, rule3)
