@@ -15,12 +15,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from planner.bounds import lower_bound
 from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
 from planner.paper_style import paper_style_schedule
 from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
-from planner.simulator import ReplayError, replay
+from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
 from planner.timeline import Op, orders_of
@@ -80,14 +81,13 @@ def best_heuristic(
     best: tuple[list[Op], float, str] | None = None
     seen = SearchInfo() if info is None else info
 
-    def consider(ops: list[Op] | None, name: str) -> bool:
-        """Keep the schedule if it is the best so far; True once the bound is reached."""
+    def consider(ops: list[Op] | None, name: str, report: ReplayReport | None | bool = True) -> bool:
+        """Keep the schedule if it is the best so far; True once the bound is reached. `report`:
+        its replay when already made (None: the replay raised), True: replay it here."""
         nonlocal best
         if ops is not None:
-            try:
-                report = replay(job, ops)
-            except ReplayError:
-                report = None
+            if report is True:
+                report = _replay(job, ops)
             if report is not None and not report.converged:
                 seen.unsettled.append(name)
             if report is not None and (best is None or report.iteration_ms < best[1] - 1e-9):
@@ -123,11 +123,19 @@ def best_heuristic(
             if consider(ops, name):
                 return best
     dissolved = dissolving_routing(job, failed) if failed else None
+    first_list = None
+    if dissolved is not None and big:
+        # The list schedule (always run) made before the dissolve sweep, only so that its period
+        # can rule that sweep out (`_beaten`); it is considered in its own place below.
+        policy = heuristic_policies(job)[0]
+        ops = list_schedule(job, routing(policy.routing_rotation), policy)
+        first_list = (ops, _replay(job, ops))
     if dissolved is not None:
         # Dissolving the damaged pipelines into the others is always a candidate, so a plan is
         # never slower than dropping them (with the same scheduler).
+        beaten = _beaten(job, dissolved, best, first_list)
         for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
-            if consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
+            if not beaten and consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
                 return best
         dropped = dropped_job(job, failed) if not big else None
         if dropped is not None:
@@ -140,8 +148,12 @@ def best_heuristic(
     for tried, policy in enumerate(heuristic_policies(job)):
         if tried >= 4 and time.perf_counter() - started > budget_s:
             break
-        ops = list_schedule(job, routing(policy.routing_rotation), policy)
-        done = consider(ops, policy.name)
+        if tried == 0 and first_list is not None:
+            ops, report = first_list
+            done = consider(ops, policy.name, report)
+        else:
+            ops = list_schedule(job, routing(policy.routing_rotation), policy)
+            done = consider(ops, policy.name)
         if best is not None and best[2] == policy.name:
             best_list = (policy, ops)
         if done:
@@ -160,6 +172,8 @@ def best_heuristic(
         M = job.microbatches
         for keep in sorted({M // 4, M // 2, (3 * M) // 4} - {0, M}):
             mixed = mixed_routing(job, failed, keep)
+            if _beaten(job, mixed, best):
+                continue
             for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
                 if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
                     break
@@ -167,5 +181,36 @@ def best_heuristic(
                     return best
     assert best is not None
     return best
+
+
+def _replay(job: JobSpec, ops: list[Op]) -> ReplayReport | None:
+    try:
+        return replay(job, ops)
+    except ReplayError:
+        return None
+
+
+def _beaten(job: JobSpec, routing: Routing | None, best: tuple[list[Op], float, str] | None,
+            first_list: tuple[list[Op], ReplayReport | None] | None = None) -> bool:
+    """Whether no schedule with `routing` can win: its proven bound (`lower_bound` with the
+    routing's own busiest loads) is above the best period so far, or above the period of the list
+    schedule `first_list` that the search considers after it (which would then replace it:
+    `consider` keeps the first of equal periods, so only a strictly higher bound rules out).
+    Skipping such a candidate changes no result, as long as its replay would have settled (the
+    estimate of an unsettled replay is not bounded; docs/design.md)."""
+    if routing is None:
+        return False
+    periods = [best[1]] if best is not None else []
+    if first_list is not None and first_list[1] is not None:
+        periods.append(first_list[1].iteration_ms)
+    if not periods:
+        return False
+    D, S = job.pipelines, job.stages
+    loads = [max(routing.load[p][s] for p in range(D)) for s in range(S)]
+    return lower_bound(job, routing.failed, busiest=loads).value_ms > min(periods) + BEATEN_MARGIN_MS
+
+
+BEATEN_MARGIN_MS = 1e-6
+"""A bound must exceed a period by this much to rule a candidate out (rounding in either)."""
 
 
