@@ -297,3 +297,36 @@ def test_skipping_beaten_candidates_changes_no_result(case):
     assert fast[1:] == full[1:]
     assert fast[0] == full[0]
 
+
+
+# ------------------------------------------------------------------------------ the timeline text
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.sampled_from(["F", "B", "W", "ALLREDUCE"]),
+                          st.sampled_from([0.0, -0.0, 1.0, 1.0000004, 2.5, 1e-7, 3684.4000000001, 7.0]),
+                          st.sampled_from([0.0, 0.5, 1.0 / 3.0])), max_size=30))
+def test_timeline_text_equals_reference(rows):
+    """The CLI's timeline text (lexsort order, one text per distinct time) is the old text byte for
+    byte, on op lists full of equal workers and times, -0.0 beside 0.0 included."""
+    import dataclasses
+
+    from cli.timeline_text import timeline_text
+    from planner.solve import plan
+    from tests.planner.reference.timeline_text_36aee87 import timeline_text as reference_text
+
+    ops = [Op((p, s), kind, None if kind == "ALLREDUCE" else (p, 0), t, t + d) for p, s, kind, t, d in rows]
+    result = dataclasses.replace(_small_plan(plan), ops=ops)
+    assert timeline_text(result) == reference_text(result)
+
+
+_PLANS: dict = {}
+
+
+def _small_plan(plan):
+    if not _PLANS:
+        job = JobSpec.parse({"pipelines": 3, "stages": 3, "microbatches": 2, "forward_ms": 1.0,
+                             "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "allreduce_ms": 1.0,
+                             "p2p_ms": 0.5, "activation_mb": 1.0, "optimizer_ms": 1.0})
+        _PLANS["small"] = plan(job, [(0, 0)], use_cp=False)
+    return _PLANS["small"]
