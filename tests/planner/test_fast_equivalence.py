@@ -330,3 +330,113 @@ def _small_plan(plan):
                              "p2p_ms": 0.5, "activation_mb": 1.0, "optimizer_ms": 1.0})
         _PLANS["small"] = plan(job, [(0, 0)], use_cp=False)
     return _PLANS["small"]
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def _broken(ops: list[Op], rng: random.Random, D: int, S: int) -> list[Op]:
+    """One random change that may or may not break a rule (times nudged by amounts around the
+    1e-6 ms tolerance or far beyond, ops moved, dropped, doubled, relabelled)."""
+    ops = ops[:]
+    i = rng.randrange(len(ops))
+    o = ops[i]
+    what = rng.randrange(8)
+    nudge = rng.choice([1e-7, 9e-7, 1.1e-6, 1e-5, 0.3, 2.0]) * rng.choice([-1, 1])
+    if what == 0:  # shift the op, duration kept
+        ops[i] = Op(o.worker, o.kind, o.microbatch, o.start_ms + nudge, o.end_ms + nudge)
+    elif what == 1:  # stretch or shrink it
+        ops[i] = Op(o.worker, o.kind, o.microbatch, o.start_ms, o.end_ms + nudge)
+    elif what == 2:  # another worker
+        w = (rng.randrange(D), rng.choice([o.worker[1], rng.randrange(S)]))
+        ops[i] = Op(w, o.kind, o.microbatch, o.start_ms, o.end_ms)
+    elif what == 3:
+        del ops[i]
+    elif what == 4:
+        ops.append(o)
+    elif what == 5 and o.microbatch is not None:  # another micro-batch, or none
+        mb = rng.choice([None, (o.microbatch[0], 0), (rng.randrange(D), o.microbatch[1])])
+        ops[i] = Op(o.worker, o.kind, mb, o.start_ms, o.end_ms)
+    elif what == 6:  # another kind
+        ops[i] = Op(o.worker, rng.choice(["F", "B", "W", "ALLREDUCE", "OPTIMIZER"]), o.microbatch,
+                    o.start_ms, o.end_ms)
+    else:  # every op of one worker later or earlier
+        w = o.worker
+        ops = [x if x.worker != w else Op(w, x.kind, x.microbatch, x.start_ms + nudge, x.end_ms + nudge)
+               for x in ops]
+    return ops
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(plans(max_d=3, max_s=3, max_m=3), st.integers(0, 3))
+def test_validate_equals_reference(case, changes):
+    """`validate` (array check of valid plans first) returns exactly the reference's violations,
+    on random valid plans and on plans with up to three random changes, with the failure set and
+    the memory limit sometimes changed too."""
+    from planner.validate import validate
+    from tests.planner.reference.validate_36aee87 import validate as reference_validate
+
+    job, ops, rng = case
+    if ops is None:
+        return
+    failed = sorted({tuple(w) for w in _failed_of(job, ops)})
+    for _ in range(changes):
+        if ops:
+            ops = _broken(ops, rng, job.pipelines, job.stages)
+    if rng.random() < 0.2 and ops:
+        failed = failed + [rng.choice(ops).worker]
+    if rng.random() < 0.2:
+        job = JobSpec.parse({**job.filled(), "memory_limit_mb": rng.choice([2.0, 3.0, 4.0])})
+    assert validate(job, failed, ops) == reference_validate(job, failed, ops)
+
+
+def _failed_of(job: JobSpec, ops: list[Op]) -> list[tuple[int, int]]:
+    """Workers with no op, which a random plan of a failure set leaves empty."""
+    busy = {op.worker for op in ops}
+    return [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in busy]
+
+
+def test_validate_takes_the_array_path_on_planner_plans(small_job):
+    """The array check accepts the planner's own plans (else the speed-up would not apply)."""
+    from planner.solve import plan
+    from planner.validate import _valid_on_arrays
+
+    for failed in ([], [(0, 0)], [(1, 2), (2, 2)]):
+        result = plan(small_job, failed, use_cp=False)
+        assert _valid_on_arrays(small_job, set(result.failed), list(result.ops))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(plans(max_d=3, max_s=3, max_m=3), st.integers(1, 2))
+def test_each_rule_on_arrays_equals_its_reference_check(case, changes):
+    """Rule by rule (so that one check dropped from the arrays is seen even where another rule
+    breaks too): the array verdict of rules 1-2 and, where those hold, of 3, 4, 5 and 6 each
+    equals whether the reference's own check of that rule finds nothing."""
+    from planner.validate import _rules_on_arrays
+    from tests.planner.reference import validate_36aee87 as ref
+
+    job, ops, rng = case
+    if ops is None:
+        return
+    failed = sorted(set(_failed_of(job, ops)))
+    for _ in range(changes):
+        if ops:
+            ops = _broken(ops, rng, job.pipelines, job.stages)
+    if rng.random() < 0.2:
+        job = JobSpec.parse({**job.filled(), "memory_limit_mb": rng.choice([2.0, 3.0, 4.0])})
+    verdicts = _rules_on_arrays(job, set(failed), ops)
+    found = ref.validate(job, failed, ops)
+    first_rules = not any(m.startswith(("rule 1", "rule 2", "contract")) for m in found)
+    if verdicts is None:
+        assert not first_rules
+        return
+    assert verdicts["1-2"] == first_rules
+    if not first_rules:
+        return
+    where = {(o.kind, o.microbatch[0], o.microbatch[1], o.worker[1]): o for o in ops if o.kind in "FBW"}
+    assert verdicts["3"] == (ref._check_order(job, where) == [])
+    assert verdicts["4"] == (ref._check_one_at_a_time(ops) == [])
+    assert verdicts["5"] == (ref._check_collectives(job, set(failed), ops, where) == [])
+    assert verdicts["6"] == (ref._check_memory(job, ops) == [])
