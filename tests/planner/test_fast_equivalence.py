@@ -440,3 +440,23 @@ def test_each_rule_on_arrays_equals_its_reference_check(case, changes):
     assert verdicts["4"] == (ref._check_one_at_a_time(ops) == [])
     assert verdicts["5"] == (ref._check_collectives(job, set(failed), ops, where) == [])
     assert verdicts["6"] == (ref._check_memory(job, ops) == [])
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(sweeps(), st.sampled_from([None, 0.0, 0.5]), st.sampled_from([None, 0, 1]), st.booleans())
+def test_list_schedule_equals_reference(case, tolerance, slack, feed):
+    """The list scheduler (shared worker and micro-batch tuples, no divmod per event) writes the
+    reference's schedule op for op under every policy knob."""
+    from planner.heuristic import Policy, list_schedule
+    from tests.planner.reference.heuristic_36aee87 import list_schedule as reference_list_schedule
+
+    job, routing, _, _ = case
+    policy = Policy(w_tolerance=tolerance, ahead_slack=slack, feed_bottleneck=feed)
+    try:
+        want = reference_list_schedule(job, routing, policy)
+    except RuntimeError as exc:  # a stall: both must stall alike
+        with pytest.raises(RuntimeError, match=str(exc).replace("[", r"\[").replace("(", r"\(")):
+            list_schedule(job, routing, policy)
+        return
+    assert list_schedule(job, routing, policy) == want
