@@ -99,10 +99,14 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orde
         for kind in ("F", "B"):
             moved.setdefault((q, s, kind, m), []).append(home)
     dead = set(routing.failed)
+    receiving = {(q, s) for q, s, _, _ in moved}
     orders: Orders = {}
     for q in range(D):
         for s in range(S):
             if (q, s) in dead:
+                continue
+            if (q, s) not in receiving:  # only its own micro-batches: the template's order as is
+                orders[(q, s)] = [(kind, q, m, s) for kind, m in stage_order.get(s, [])]
                 continue
             seq: list[Key] = []
             for kind, m in stage_order.get(s, []):

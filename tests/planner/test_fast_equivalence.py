@@ -460,3 +460,18 @@ def test_list_schedule_equals_reference(case, tolerance, slack, feed):
             list_schedule(job, routing, policy)
         return
     assert list_schedule(job, routing, policy) == want
+
+
+@FAST
+@given(sweeps())
+def test_insertion_orders_equal_reference(case):
+    """Insertion orders (workers that receive nothing copy the template's order directly) equal
+    the reference's for every routing, with the job's own fault-free plan as the template."""
+    from planner.fault_free import fault_free_plan
+    from planner.sweep import insertion_orders
+    from tests.planner.reference import sweep_36aee87 as reference_sweep
+
+    job, routing, _, _ = case
+    template = list(fault_free_plan(job).ops)
+    want = reference_sweep.insertion_orders(job, routing, template)
+    assert insertion_orders(job, routing, template) == want
