@@ -165,7 +165,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             end = t + fwd[s]
             mem[wi] += act[s]
             ahead[wi] += 1
-            if s < S - 1:
+            if yield_w is not None and s < S - 1:  # (expected and known are read only to yield)
                 push(expected[wi], (end + round_trip[s], mb))
             outs = out_f[s]
         elif kind == "B":
@@ -185,7 +185,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             dwi = dq * S + ts
             arrival = end + (same_ms if dq == q else cross_ms)
             push(queue[dwi], (arrival, m, home, mb))
-            if queue is b_heap:
+            if yield_w is not None and queue is b_heap:
                 known[dwi].add(mb)
             if dwi != wi:  # this worker wakes at `end` anyway
                 push(events, (arrival, seq, dwi))
