@@ -116,6 +116,11 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orde
     return orders
 
 
+STALL_CHECK_AFTER = 1024
+"""`sweep_schedule` asks `_stalls` once this many F/B ops are placed: sweeps that end sooner (small
+jobs, a warm-up that does not fit in memory) never pay for the check."""
+
+
 def _stalls(orders: dict[int, list[tuple[str, int]]], S: int, DM: int, rule3) -> bool:
     """Whether `sweep_schedule`'s loop would stall before placing every F/B of `orders` (worker
     index -> its (kind, micro-batch) sequence): some op's input is in no order, or the worker
@@ -188,8 +193,6 @@ def sweep_schedule(
     orders = {p * S + s: [(k, home * M + m) for k, home, m, _ in seq if k != "W"]
               for (p, s), seq in given.items()}
     rule3 = needs(costs, S)
-    if _stalls(orders, S, D * M, rule3):
-        return None  # exactly when the loop below would stall (placed != total)
     pos = dict.fromkeys(orders, 0)
     end_at: dict[tuple[str, int, int], float] = {}  # (kind, mb, stage) -> end time
     where: dict[tuple[int, int], int] = {}  # (mb, stage) -> worker index
@@ -260,6 +263,8 @@ def sweep_schedule(
             if kind == "B" and policy.fused_backward:
                 run_w(wi)
             placed += 1
+            if placed == STALL_CHECK_AFTER and _stalls(orders, S, D * M, rule3):
+                return None  # the loop would stall further on (placed != total): None either way
             pos[wi] += 1
             for other in waiting.pop((kind, mb, s), ()):
                 ready.append(other)

@@ -204,16 +204,19 @@ def sweeps(draw):
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(sweeps())
-def test_sweep_equals_reference(case):
-    """The sweep (with its array stall check) writes the reference's schedule op for op, or None
-    exactly when the reference does (a stall, or memory the warm-up cannot get)."""
-    from planner.sweep import sweep_schedule
+@given(sweeps(), st.sampled_from([1, 2, 5, 10**9]))
+def test_sweep_equals_reference(case, check_after):
+    """The sweep (with its array stall check, asked after `check_after` placed ops: these jobs are
+    smaller than the default) writes the reference's schedule op for op, or None exactly when the
+    reference does (a stall, or memory the warm-up cannot get)."""
+    from planner import sweep
     from tests.planner.reference import sweep_36aee87 as reference_sweep
 
     job, routing, policy, orders = case
     want = reference_sweep.sweep_schedule(job, routing, policy, orders)
-    got = sweep_schedule(job, routing, policy, orders)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sweep, "STALL_CHECK_AFTER", check_after)
+        got = sweep.sweep_schedule(job, routing, policy, orders)
     assert got == want
 
 
