@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from operator import attrgetter, itemgetter
 
 
 def compact_json(doc) -> str:
@@ -13,6 +14,19 @@ def compact_json(doc) -> str:
 def timeline_text(result) -> str:
     """`result.timeline_json()` as compact JSON text (`timeline_chunks` joined)."""
     return "".join(timeline_chunks(result))
+
+
+def worker_start_order(ops) -> list[int]:
+    """Indices of `ops` in `sorted(ops, key=lambda o: (o.worker, o.start_ms))` order (both
+    stable), from one numpy lexsort over columns: ~4x faster for a 100k-op plan."""
+    import numpy as np
+
+    n = len(ops)
+    workers = list(map(attrgetter("worker"), ops))
+    pipe = np.fromiter(map(itemgetter(0), workers), np.int64, n)
+    stage = np.fromiter(map(itemgetter(1), workers), np.int64, n)
+    start = np.fromiter(map(attrgetter("start_ms"), ops), np.float64, n)
+    return np.lexsort((start, stage, pipe)).tolist()
 
 
 def timeline_chunks(result) -> Iterator[str]:
@@ -31,7 +45,9 @@ def timeline_chunks(result) -> Iterator[str]:
     if result.expansion is not None:
         ordered = result.expansion.in_worker_order()
     else:
-        ordered = iter(sorted(result.ops, key=lambda o: (o.worker, o.start_ms)))
+        ops = result.ops
+        ordered = map(ops.__getitem__, worker_start_order(ops))
+    text: dict[float, str] = {}  # repr(round(t, 6)) per distinct time (~80% of a plan's are repeats)
     for index, (key, value) in enumerate(header.items()):
         yield "{" if index == 0 else ","
         if key != "ops":
@@ -46,8 +62,16 @@ def timeline_chunks(result) -> Iterator[str]:
                 piece, sep = [], ","
             worker = o.worker
             mb = "" if o.microbatch is None else f',"microbatch":[{o.microbatch[0]},{o.microbatch[1]}]'
+            start, end = o.start_ms, o.end_ms
+            a, b = text.get(start), text.get(end)
+            if a is None or not start:  # 0.0 and -0.0 are one dict key but print differently
+                a = repr(round(start, 6))
+                text[start] = a
+            if b is None or not end:
+                b = repr(round(end, 6))
+                text[end] = b
             piece.append(f'{{"worker":[{o.worker[0]},{o.worker[1]}],"kind":"{o.kind}",'
-                         f'"start_ms":{round(o.start_ms, 6)!r},"end_ms":{round(o.end_ms, 6)!r}{mb}}}')
+                         f'"start_ms":{a},"end_ms":{b}{mb}}}')
         if piece:
             yield sep + ",".join(piece)
         yield "]"

@@ -123,13 +123,20 @@ class Bound:
     reason: str
 
 
-def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
-    """The largest of the analytic bounds above; `reason` says which one binds."""
+def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
+                busiest: list[int] | None = None) -> Bound:
+    """The largest of the analytic bounds above; `reason` says which one binds.
+
+    `busiest` (per stage: how many micro-batches the busiest worker runs, when a routing fixes it)
+    replaces `n_s = ceil(D*M / alive_s)`: every bound above is argued for one worker with n_s
+    micro-batches and grows with n_s, so it bounds every plan with that routing
+    (`routing_bound`)."""
     costs = job.costs
     D, S, M = job.pipelines, job.stages, job.microbatches
-    dead = set(map(tuple, failed))
-    alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
-    busiest = [-(-D * M // a) for a in alive]
+    if busiest is None:
+        dead = set(map(tuple, failed))
+        alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+        busiest = [-(-D * M // a) for a in alive]
     hop = [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
            for s in range(S - 1)]
     # The contract lets a validator read a per-stage hop as either stage's entry; the smallest of the

@@ -22,7 +22,7 @@ from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
 from planner.paper_style import paper_style_schedule
 from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
-from planner.simulator import ReplayError, replay
+from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
 from planner.timeline import Op, orders_of
@@ -85,14 +85,13 @@ def best_heuristic(
     best: tuple[list[Op], float, str] | None = None
     seen = SearchInfo() if info is None else info
 
-    def consider(ops: list[Op] | None, name: str) -> bool:
-        """Keep the schedule if it is the best so far; True once the bound is reached."""
+    def consider(ops: list[Op] | None, name: str, report: ReplayReport | None | bool = True) -> bool:
+        """Keep the schedule if it is the best so far; True once the bound is reached. `report`:
+        its replay when already made (None: the replay raised), True: replay it here."""
         nonlocal best
         if ops is not None:
-            try:
-                report = replay(job, ops)
-            except ReplayError:
-                report = None
+            if report is True:
+                report = _replay(job, ops)
             if report is not None and not report.converged:
                 seen.unsettled.append(name)
             if report is not None and (best is None or report.iteration_ms < best[1] - 1e-9):
@@ -128,11 +127,19 @@ def best_heuristic(
             if consider(ops, name):
                 return best
     dissolved = dissolving_routing(job, failed) if failed else None
+    first_list = None
+    if dissolved is not None and big:
+        # The list schedule (always run) made before the dissolve sweep, only so that its period
+        # can rule that sweep out (`_beaten`); it is considered in its own place below.
+        policy = heuristic_policies(job)[0]
+        ops = list_schedule(job, routing(policy.routing_rotation), policy)
+        first_list = (ops, _replay(job, ops))
     if dissolved is not None:
         # Dissolving the damaged pipelines into the others is always a candidate, so a plan is
         # never slower than dropping them (with the same scheduler).
+        beaten = _beaten(job, dissolved, best, first_list)
         for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
-            if consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
+            if not beaten and consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
                 return best
         dropped = dropped_job(job, failed) if not big else None
         # The dropped plan's period is at least the dropped job's own bound, so when the best so far
@@ -151,8 +158,12 @@ def best_heuristic(
     for tried, policy in enumerate(heuristic_policies(job)):
         if tried >= 4 and time.perf_counter() - started > budget_s:
             break
-        ops = list_schedule(job, routing(policy.routing_rotation), policy)
-        done = consider(ops, policy.name)
+        if tried == 0 and first_list is not None:
+            ops, report = first_list
+            done = consider(ops, policy.name, report)
+        else:
+            ops = list_schedule(job, routing(policy.routing_rotation), policy)
+            done = consider(ops, policy.name)
         if best is not None and best[2] == policy.name:
             best_list = (policy, ops)
         if done:
@@ -175,11 +186,15 @@ def best_heuristic(
         shared = [keep for keep in cut_worker_shares(job, failed) if 0 < keep < M] if not big else []
         for keep in shared:
             mixed = mixed_routing(job, failed, keep)
+            if _beaten(job, mixed, best):
+                continue
             for policy in heuristic_policies(job)[:MIX_LIST_POLICIES]:
                 if consider(list_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
                     return best
         for keep in [*shared, *sorted({M // 4, M // 2, (3 * M) // 4} - {0, M, *shared})]:
             mixed = mixed_routing(job, failed, keep)
+            if _beaten(job, mixed, best):
+                continue
             for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
                 if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
                     break
@@ -187,5 +202,36 @@ def best_heuristic(
                     return best
     assert best is not None
     return best
+
+
+def _replay(job: JobSpec, ops: list[Op]) -> ReplayReport | None:
+    try:
+        return replay(job, ops)
+    except ReplayError:
+        return None
+
+
+def _beaten(job: JobSpec, routing: Routing | None, best: tuple[list[Op], float, str] | None,
+            first_list: tuple[list[Op], ReplayReport | None] | None = None) -> bool:
+    """Whether no schedule with `routing` can win: its proven bound (`lower_bound` with the
+    routing's own busiest loads) is above the best period so far, or above the period of the list
+    schedule `first_list` that the search considers after it (which would then replace it:
+    `consider` keeps the first of equal periods, so only a strictly higher bound rules out).
+    Skipping such a candidate changes no result, as long as its replay would have settled (the
+    estimate of an unsettled replay is not bounded; docs/design.md)."""
+    if routing is None:
+        return False
+    periods = [best[1]] if best is not None else []
+    if first_list is not None and first_list[1] is not None:
+        periods.append(first_list[1].iteration_ms)
+    if not periods:
+        return False
+    D, S = job.pipelines, job.stages
+    loads = [max(routing.load[p][s] for p in range(D)) for s in range(S)]
+    return lower_bound(job, routing.failed, busiest=loads).value_ms > min(periods) + BEATEN_MARGIN_MS
+
+
+BEATEN_MARGIN_MS = 1e-6
+"""A bound must exceed a period by this much to rule a candidate out (rounding in either)."""
 
 

@@ -122,12 +122,19 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     push = heapq.heappush
     pop = heapq.heappop
 
+    # One worker tuple per worker and one micro-batch tuple per micro-batch, shared by the ops
+    # (and no divmod per event).
+    worker_of = [divmod(wi, S) for wi in range(n)]
+    mb_of = [divmod(mb, M) for mb in range(D * M)]
     while events:
         t, _, wi = pop(events)
-        if free_at[wi] > t + _EPS or remaining[wi] == 0:
+        busy_until = free_at[wi]
+        if busy_until > t + _EPS or remaining[wi] == 0:
             continue
-        t = max(t, free_at[wi])  # never start inside the previous op, even by rounding
-        q, s = divmod(wi, S)
+        if busy_until > t:  # never start inside the previous op, even by rounding (max(t, free))
+            t = busy_until
+        worker = worker_of[wi]
+        q, s = worker
         bh, fh, wq = b_heap[wi], f_heap[wi], w_queue[wi]
         kind = None
         if bh and bh[0][0] <= t + _EPS:
@@ -152,12 +159,13 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 kind, mb = "W", wq.popleft()
         if kind is None:
             continue  # idle until the next arrival wakes this worker
-        home, m = divmod(mb, M)
+        microbatch = mb_of[mb]
+        home, m = microbatch
         if kind == "F":
             end = t + fwd[s]
             mem[wi] += act[s]
             ahead[wi] += 1
-            if s < S - 1:
+            if yield_w is not None and s < S - 1:  # (expected and known are read only to yield)
                 push(expected[wi], (end + round_trip[s], mb))
             outs = out_f[s]
         elif kind == "B":
@@ -177,12 +185,12 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             dwi = dq * S + ts
             arrival = end + (same_ms if dq == q else cross_ms)
             push(queue[dwi], (arrival, m, home, mb))
-            if queue is b_heap:
+            if yield_w is not None and queue is b_heap:
                 known[dwi].add(mb)
             if dwi != wi:  # this worker wakes at `end` anyway
                 push(events, (arrival, seq, dwi))
                 seq += 1
-        ops.append(Op((q, s), kind, (home, m), t, end))
+        ops.append(Op(worker, kind, microbatch, t, end))
         free_at[wi] = end
         push(events, (end, seq, wi))
         seq += 1

@@ -31,9 +31,15 @@ class PlanInvalid(ValueError):
 
 
 def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[str]:
-    """All violations of the contract's six validity rules (empty when the plan is valid)."""
+    """All violations of the contract's six validity rules (empty when the plan is valid).
+
+    A valid plan is recognised on arrays first (`_valid_on_arrays`: the same comparisons, ~5x
+    faster at 100k ops); anything else goes through the per-op checks below, which name each
+    violation."""
     costs = job.costs
     dead = set(map(tuple, failed))
+    if _valid_on_arrays(job, dead, ops):
+        return []
     problems: list[str] = []
     where: dict[tuple[str, int, int, int], Op] = {}
     durations: dict[tuple[str, int], float] = {}  # costs.duration, looked up once per (kind, stage)
@@ -207,3 +213,148 @@ def peak_memory(job: JobSpec, ops: Sequence[Op]) -> dict[Worker, float]:
             peak = max(peak, held)
         peaks[worker] = peak
     return peaks
+
+
+# ------------------------------------------------------------------------ the same rules on arrays
+
+_KIND_CODE = {"F": 0, "B": 1, "W": 2, "ALLREDUCE": 3, "OPTIMIZER": 4}
+_NO_MB = (-1, -1)
+
+
+def _valid_on_arrays(job: JobSpec, dead: set, ops: Sequence[Op]) -> bool:
+    """True only when `validate`'s per-op checks would find nothing: each rule's comparison is the
+    same float expression, evaluated with numpy (tests/planner/test_fast_equivalence.py checks
+    each rule's verdict against the per-op check's, on valid and broken plans). False means "not
+    shown valid here": the caller then runs the per-op checks, which find and name violations."""
+    verdicts = _rules_on_arrays(job, dead, ops)
+    return verdicts is not None and all(verdicts.values())
+
+
+def _rules_on_arrays(job: JobSpec, dead: set, ops: Sequence[Op]) -> dict[str, bool] | None:
+    """Per rule group, whether it holds: "1-2" (workers, micro-batches, coverage, durations), then
+    when that holds "3", "4", "5", "6" too; None for ops the arrays cannot hold (unknown kinds...)."""
+    import numpy as np
+
+    try:
+        return _arrays_check(job, dead, ops, np)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _arrays_check(job: JobSpec, dead: set, ops: Sequence[Op], np) -> dict[str, bool]:
+    from operator import attrgetter, itemgetter
+
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    n = len(ops)
+    if n == 0:
+        return {"1-2": False}
+    first, second = itemgetter(0), itemgetter(1)
+    kind = np.fromiter(map(_KIND_CODE.__getitem__, map(attrgetter("kind"), ops)), np.int64, n)
+    workers = list(map(attrgetter("worker"), ops))
+    pipe = np.fromiter(map(first, workers), np.int64, n)
+    stage = np.fromiter(map(second, workers), np.int64, n)
+    raw_mbs = list(map(attrgetter("microbatch"), ops))
+    has_mb = np.fromiter((mb is not None for mb in raw_mbs), bool, n)
+    mbs = [_NO_MB if mb is None else mb for mb in raw_mbs]
+    home = np.fromiter(map(first, mbs), np.int64, n)
+    index = np.fromiter(map(second, mbs), np.int64, n)
+    start = np.fromiter(map(attrgetter("start_ms"), ops), np.float64, n)
+    end = np.fromiter(map(attrgetter("end_ms"), ops), np.float64, n)
+    # Rule 1: known, alive workers; compute ops carry a known micro-batch, collectives none.
+    if not ((pipe >= 0) & (pipe < D) & (stage >= 0) & (stage < S)).all():
+        return {"1-2": False}
+    worker = pipe * S + stage
+    dead_mask = np.zeros(D * S, dtype=bool)
+    for p, st in dead:
+        if 0 <= p < D and 0 <= st < S:
+            dead_mask[p * S + st] = True
+    if dead_mask[worker].any():
+        return {"1-2": False}
+    compute = kind <= 2
+    if (has_mb != compute).any():
+        return {"1-2": False}
+    if not ((home[compute] >= 0) & (home[compute] < D) & (index[compute] >= 0) & (index[compute] < M)).all():
+        return {"1-2": False}
+    # Rule 2: durations, as `abs((end - start) - expected) > EPS * max(1.0, expected)`.
+    by_kind = np.array([[costs.duration(k, st) for st in range(S)] for k in _KIND_CODE], dtype=np.float64)
+    expected = by_kind[kind, stage]
+    if (np.abs((end - start) - expected) > EPS * np.maximum(1.0, expected)).any():
+        return {"1-2": False}
+    # Rule 1: every (micro-batch, stage) has exactly one F, B and W, all on one worker.
+    DM = D * M
+    idx = np.flatnonzero(compute)
+    key = (kind[idx] * DM + home[idx] * M + index[idx]) * S + stage[idx]
+    if idx.size != 3 * DM * S:
+        return {"1-2": False}
+    table = np.full(3 * DM * S, -1, dtype=np.int64)
+    table[key] = idx
+    if (table < 0).any():
+        return {"1-2": False}  # a key twice (so another one missing)
+    by_key = table.reshape(3, DM * S)
+    if ((pipe[by_key[0]] != pipe[by_key[1]]) | (pipe[by_key[0]] != pipe[by_key[2]])).any():
+        return {"1-2": False}
+    # Rule 3, from the one precedence graph: `op.start + EPS < src.end + delay` nowhere.
+    from planner.precedence import INPUTS
+
+    verdicts = {"1-2": True, "3": True, "4": True, "5": True, "6": True}
+    rule3 = needs(costs, S)
+    for rule in INPUTS:
+        code = _KIND_CODE[rule.kind]
+        sel = np.flatnonzero((kind == code) & rule.applies(stage, S - 1))
+        if not sel.size:
+            continue
+        src_stage = stage[sel] + rule.offset
+        src = table[(_KIND_CODE[rule.source] * DM + home[sel] * M + index[sel]) * S + src_stage]
+        same_ms = np.array([rule3[(rule.kind, st)].same_ms if (rule.kind, st) in rule3 else 0.0
+                            for st in range(S)])
+        cross_ms = np.array([rule3[(rule.kind, st)].cross_ms if (rule.kind, st) in rule3 else 0.0
+                             for st in range(S)])
+        at = stage[sel]
+        delay = np.where(pipe[src] != pipe[sel], cross_ms[at], same_ms[at])
+        if (start[sel] + EPS < end[src] + delay).any():
+            verdicts["3"] = False
+    # Rule 4: each worker's ops in `worker_orders` order never overlap.
+    rank = np.array([0, 0, 0, 1, 2])[kind]
+    order = np.lexsort((rank, end, start, stage, pipe))
+    w_sorted = worker[order]
+    same = w_sorted[1:] == w_sorted[:-1]
+    if (start[order][1:][same] + EPS < end[order][:-1][same]).any():
+        verdicts["4"] = False
+    # Rule 5: one ALLREDUCE and one OPTIMIZER per alive worker, after every W of the stage, one
+    # common ALLREDUCE start per stage, each OPTIMIZER after its ALLREDUCE.
+    alive = ~dead_mask
+    ar, opt = np.flatnonzero(kind == 3), np.flatnonzero(kind == 4)
+    count_ar = np.bincount(worker[ar], minlength=D * S)
+    count_opt = np.bincount(worker[opt], minlength=D * S)
+    last_w = np.zeros(S)
+    w_ops = np.flatnonzero(kind == 2)
+    np.maximum.at(last_w, stage[w_ops], end[w_ops])
+    ar_of = np.full(D * S, -1, dtype=np.int64)
+    ar_of[worker[ar]] = ar
+    if ((count_ar[alive] != 1).any() or (count_opt[alive] != 1).any()  # (then ar_of is complete)
+            or (start[ar] + EPS < last_w[stage[ar]]).any()
+            or (start[opt] + EPS < end[ar_of[worker[opt]]]).any()):
+        verdicts["5"] = False
+    else:
+        for st in range(S):
+            starts = start[ar[stage[ar] == st]]
+            if starts.size and starts.max() - starts.min() > EPS:
+                verdicts["5"] = False
+    # Rule 6: `_memory_events` per worker, sorted as tuples (time, order, change), summed in order.
+    act, act_w = np.array(costs.activation, dtype=np.float64), np.array(costs.activation_w, dtype=np.float64)
+    ev_time = np.where(kind[idx] == 0, start[idx], end[idx])
+    ev_order = (kind[idx] != 0).astype(np.int64) ^ 1
+    st_c = stage[idx]
+    change = np.where(kind[idx] == 0, act[st_c],
+                      np.where(kind[idx] == 1, act_w[st_c] - act[st_c], -act_w[st_c]))
+    ev_worker = worker[idx]
+    ev = np.lexsort((change, ev_order, ev_time, ev_worker))
+    ev_worker, change = ev_worker[ev], change[ev]
+    cuts = np.flatnonzero(np.r_[True, ev_worker[1:] != ev_worker[:-1], True])
+    limit = costs.memory_limit_mb + EPS
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+        if (np.cumsum(change[a:b]) > limit).any():
+            verdicts["6"] = False
+            break
+    return verdicts

@@ -1,0 +1,194 @@
+"""FROZEN reference: planner/heuristic.py as of commit 36aee87 (before shared tuples and no divmod
+per event in list_schedule). Kept only for tests/planner/test_fast_equivalence.py; never edited."""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from planner.precedence import collective_ops, fed_by, needs
+from planner.routing import Routing
+from planner.spec import JobSpec
+from planner.timeline import Op
+
+_EPS = 1e-9
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Knobs of the list scheduler."""
+
+    w_tolerance: float | None = None
+    """None: a W runs whenever nothing else can (greedy). A number x: a W runs only if it ends
+    before the next expected input gradient arrives plus x times W's duration; otherwise the worker
+    keeps itself free for that gradient (B is on the critical path, W can go anywhere later).
+    "Expected" is the exact arrival when the sender has started, else the uncongested round trip
+    from this worker's F; a forward input already on its way counts too (when the worker may run
+    it). Memory pressure (an F waiting for room) always lets W run."""
+    ahead_slack: int | None = 0
+    """A stage-s worker may run at most `S - s + ahead_slack` forwards ahead of its input
+    gradients (1F1B's warm-up depth plus slack; ZB-H1 uses 0). None: only memory bounds it. W's
+    are not counted here, so deferred W's use whatever memory is left (as in ZB-H1)."""
+    feed_bottleneck: bool = False
+    """Workers at or above the deepest stage that took re-routed work may run ahead by the number of
+    extra micro-batches the busiest peer took (on top of `S - s + slack`), so the overloaded peers
+    never wait for forwards."""
+    routing_rotation: int = 0
+    """Which alive peer receives the first re-routed micro-batch (see `balanced_routing`)."""
+
+    @property
+    def name(self) -> str:
+        cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
+        gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
+        feed = ",feed" if self.feed_bottleneck else ""
+        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}"
+
+
+def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
+    """A valid schedule for one iteration (rules 1-6 hold by construction)."""
+    costs = job.costs
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    dead = set(routing.failed)
+    alive = [(p, s) for p in range(D) for s in range(S) if (p, s) not in dead]
+    fwd, bwd, wgt, act = costs.forward, costs.backward_input, costs.backward_weight, costs.activation
+    act_w = costs.activation_w  # rule 6: held from B end to W end (act - act_w is freed at B end)
+    rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
+    hop_same = [rule3[("F", s + 1)].same_ms for s in range(S - 1)]
+    limit = costs.memory_limit_mb + 1e-9
+    slack = policy.ahead_slack
+    caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
+    if policy.feed_bottleneck and routing.failed and slack is not None:
+        # Stages down to the deepest overloaded one may run ahead by the extra micro-batches the
+        # busiest peer took, so those peers never wait for forwards.
+        deepest = max(s for _, s in routing.failed)
+        extra = max(max(routing.load[p][s] for p in range(D)) for s in range(S)) - M
+        caps = [caps[s] + extra if s <= deepest else caps[s] for s in range(S)]
+
+    # Uncongested time from the end of a micro-batch's F at stage s to its gradient arriving back.
+    round_trip = [
+        sum(fwd[t] + bwd[t] for t in range(s + 1, S)) + 2 * sum(hop_same[s:]) for s in range(S)
+    ]
+    yield_w = policy.w_tolerance
+    # executor[s][mb] for mb = home * M + m
+    executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]
+
+    n = D * S
+    f_heap: list[list] = [[] for _ in range(n)]
+    b_heap: list[list] = [[] for _ in range(n)]
+    w_queue = [deque() for _ in range(n)]
+    # The graph read forwards: who waits for a stage-s op of each kind, as (its queue, its stage,
+    # same-pipeline delay, cross-pipeline delay); queue None is this worker's own W queue.
+    queue_of = {"F": f_heap, "B": b_heap, "W": None}
+    waiting_for = fed_by(rule3)
+    out_f, out_b, out_w = (
+        [[(queue_of[nd.kind], nd.stage, nd.same_ms, nd.cross_ms) for nd in waiting_for.get((k, s), ())]
+         for s in range(S)] for k in ("F", "B", "W"))
+    mem = [0.0] * n
+    ahead = [0] * n
+    expected: list[list] = [[] for _ in range(n)]  # (expected gradient arrival, mb) per worker
+    known: list[set] = [set() for _ in range(n)]  # mbs whose gradient arrival time is known
+    free_at = [0.0] * n
+    remaining = [0] * n
+    for p, s in alive:
+        remaining[p * S + s] = 3 * routing.load[p][s]
+    events: list[tuple[float, int, int]] = []
+    seq = 0
+    for mb in range(D * M):
+        q = executor[0][mb]
+        wi = q * S
+        # Interleave own and re-routed micro-batches by index at stage 0.
+        f_heap[wi].append((0.0, mb % M, mb // M, mb))
+    for p, s in alive:
+        if s == 0:
+            heapq.heapify(f_heap[p * S])
+            events.append((0.0, seq, p * S))
+            seq += 1
+    heapq.heapify(events)
+
+    ops: list[Op] = []
+    stage_left = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+    stage_done = [0.0] * S
+    push = heapq.heappush
+    pop = heapq.heappop
+
+    while events:
+        t, _, wi = pop(events)
+        if free_at[wi] > t + _EPS or remaining[wi] == 0:
+            continue
+        t = max(t, free_at[wi])  # never start inside the previous op, even by rounding
+        q, s = divmod(wi, S)
+        bh, fh, wq = b_heap[wi], f_heap[wi], w_queue[wi]
+        kind = None
+        if bh and bh[0][0] <= t + _EPS:
+            kind, mb = "B", pop(bh)[-1]
+        else:
+            f_ready = bool(fh) and fh[0][0] <= t + _EPS
+            f_room = mem[wi] + act[s] <= limit
+            if f_ready and f_room and ahead[wi] < caps[s]:
+                kind, mb = "F", pop(fh)[-1]
+            elif wq:
+                if yield_w is not None and not (f_ready and not f_room):
+                    ex, kn = expected[wi], known[wi]
+                    while ex and (ex[0][1] in kn or ex[0][0] <= t):
+                        pop(ex)  # arrival now known, or late (congested): stop waiting on the estimate
+                    next_b = min(bh[0][0] if bh else _INF, ex[0][0] if ex else _INF)
+                    if fh and not f_ready and ahead[wi] < caps[s]:
+                        next_b = min(next_b, fh[0][0])
+                    if t + wgt[s] > next_b + yield_w * wgt[s] + _EPS:
+                        push(events, (next_b, seq, wi))  # stay free for the input that is due
+                        seq += 1
+                        continue
+                kind, mb = "W", wq.popleft()
+        if kind is None:
+            continue  # idle until the next arrival wakes this worker
+        home, m = divmod(mb, M)
+        if kind == "F":
+            end = t + fwd[s]
+            mem[wi] += act[s]
+            ahead[wi] += 1
+            if s < S - 1:
+                push(expected[wi], (end + round_trip[s], mb))
+            outs = out_f[s]
+        elif kind == "B":
+            end = t + bwd[s]
+            mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
+            ahead[wi] -= 1
+            outs = out_b[s]
+        else:
+            end = t + wgt[s]
+            mem[wi] -= act_w[s]
+            outs = out_w[s]
+        for queue, ts, same_ms, cross_ms in outs:
+            if queue is None:
+                wq.append(mb)  # this worker's own W, ready once the B ends
+                continue
+            dq = executor[ts][mb]
+            dwi = dq * S + ts
+            arrival = end + (same_ms if dq == q else cross_ms)
+            push(queue[dwi], (arrival, m, home, mb))
+            if queue is b_heap:
+                known[dwi].add(mb)
+            if dwi != wi:  # this worker wakes at `end` anyway
+                push(events, (arrival, seq, dwi))
+                seq += 1
+        ops.append(Op((q, s), kind, (home, m), t, end))
+        free_at[wi] = end
+        push(events, (end, seq, wi))
+        seq += 1
+        remaining[wi] -= 1
+        if remaining[wi] == 0:
+            stage_done[s] = max(stage_done[s], end)
+            stage_left[s] -= 1
+            if stage_left[s] == 0:
+                ops.extend(collectives(job, s, dead, stage_done[s]))
+    if any(remaining):
+        stuck = [divmod(i, S) for i, r in enumerate(remaining) if r]
+        raise RuntimeError(f"list scheduler stalled with work left on {stuck[:4]}")
+    return ops
+
+
+def collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
+    """Rule 5's ops of stage s on its alive workers, in pipeline order, starting at `at`."""
+    alive = [(p, s) for p in range(job.pipelines) if (p, s) not in dead]
+    return collective_ops(job.costs, s, alive, at)
