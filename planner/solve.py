@@ -53,6 +53,13 @@ ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
 """planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
+LNS_SHARE = 0.6
+"""Share of the time left after the routing-fixed polish that the large-neighbourhood search
+(planner/cp/lns.py) gets before the full model; on larger jobs (routing-fixed model only) it gets
+`LNS_SHARE_RESTRICTED` of CP-SAT's time. Measured on 4 x 4 x 8 with four failures (415.0 ms
+heuristic): the full model alone 414.25 ms in 7 s, the LNS 402.5-410.0 ms in 7 s (3 seeds), half
+and half 411.25 ms (docs/benchmarks.md)."""
+LNS_SHARE_RESTRICTED = 0.7
 
 @dataclass
 class PlanResult:
@@ -160,6 +167,10 @@ def _solve_canonical(
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, polished.cycle
             left = time_limit_s - (time.perf_counter() - started)
+        if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and left > 1.0:
+            share = LNS_SHARE if job.op_count <= FULL_CP_MAX_OPS else LNS_SHARE_RESTRICTED
+            ops, period = _lns_step(job, failed, ops, period, bound.value_ms, share * left, seed, stats)
+            left = time_limit_s - (time.perf_counter() - started)
         if cpsat is not None:
             improved = cpsat.improve(job, failed, ops, period, bound.value_ms, left, seed)
             stats.cp_status = improved.cp_status
@@ -185,6 +196,24 @@ def _solve_canonical(
                 stats.status = SolveStatus.OPTIMAL
     stats.wall_s = time.perf_counter() - started
     return ops, period, stats, reason
+
+
+def _lns_step(job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], period: float, bound_ms: float,
+              time_limit_s: float, seed: int, stats: SolverStats) -> tuple[list[Op], float]:
+    """The large-neighbourhood search from the current plan; its plan replaces the current one when
+    strictly better and valid (re-timed orders: valid by construction, checked anyway)."""
+    from planner.cp.lns import improve_lns
+
+    result = improve_lns(job, failed, ops, period, bound_ms, time_limit_s, seed)
+    stats.lns = {"neighbourhoods": result.neighbourhoods, "accepted": result.accepted,
+                 "improved": result.improved, "wall_s": round(result.wall_s, 4),
+                 "sub_status": result.sub_status, "parameters": result.parameters}
+    if result.ops is not None and not validate(job, failed, result.ops):
+        stats.objective_ms = result.period_ms
+        stats.status = SolveStatus.IMPROVED
+        stats.replay_settled, stats.replay_cycle = True, result.cycle
+        return result.ops, result.period_ms
+    return ops, period
 
 
 def _to_concrete(canonical: CanonicalFailure, op: Op) -> Op:
