@@ -53,13 +53,15 @@ ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
 """planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
-LNS_SHARE = 0.6
-"""Share of the time left after the routing-fixed polish that the large-neighbourhood search
-(planner/cp/lns.py) gets before the full model; on larger jobs (routing-fixed model only) it gets
-`LNS_SHARE_RESTRICTED` of CP-SAT's time. Measured on 4 x 4 x 8 with four failures (415.0 ms
-heuristic): the full model alone 414.25 ms in 7 s, the LNS 402.5-410.0 ms in 7 s (3 seeds), half
-and half 411.25 ms (docs/benchmarks.md)."""
 LNS_SHARE_RESTRICTED = 0.7
+"""Share of CP-SAT's time the large-neighbourhood search (planner/cp/lns.py) gets, before the
+routing-fixed model, on jobs too large for the full model (3,000-15,000 F/B/W ops), where that
+model gained at most 1.2 ms in 27 s (docs/benchmarks.md, "CP-SAT optimality")."""
+LNS_SHARE = 0.0
+"""The same on jobs small enough for the full model: none. Side by side at the 10 s default
+(2026-11-23), giving the LNS 60% of the time after the routing-fixed polish made 6 of the 10
+4 x 4 x 8 failure plans worse (e.g. [1,0],[3,3]: 392.5 -> 398.0 ms) and none better: the full
+model does more with that time (docs/benchmarks.md)."""
 
 @dataclass
 class PlanResult:
@@ -167,8 +169,8 @@ def _solve_canonical(
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, polished.cycle
             left = time_limit_s - (time.perf_counter() - started)
-        if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and left > 1.0:
-            share = LNS_SHARE if job.op_count <= FULL_CP_MAX_OPS else LNS_SHARE_RESTRICTED
+        share = LNS_SHARE if job.op_count <= FULL_CP_MAX_OPS else LNS_SHARE_RESTRICTED
+        if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and share > 0 and left > 1.0:
             ops, period = _lns_step(job, failed, ops, period, bound.value_ms, share * left, seed, stats)
             left = time_limit_s - (time.perf_counter() - started)
         if cpsat is not None:
