@@ -194,17 +194,21 @@ def improve_lns(
                        parameters={**params, "sub_time_s": sub_time, "free_ops": FREE_OPS,
                                    "kinds": KINDS, "time_units_per_ms": scale.scale})
     step = 0
+    build_s = 0.0
     while best_period > bound_ms + 1e-6:
         left = deadline - time.perf_counter()
         if max_neighbourhoods is not None and step >= max_neighbourhoods:
             break
-        if left < 0.05:
+        if left < 0.05 + build_s:  # keep within the limit: a sub-model costs its build time too
             break
         kind = KINDS[step % len(KINDS)]
         size = FREE_OPS[(step // len(KINDS)) % len(FREE_OPS)]
         step += 1
         free = choose_free(base, kind, size, job.stages, rng)
+        built = time.perf_counter()
         sub = build_order_sub(job, base, free, scale, inst, preds)
+        build_s = time.perf_counter() - built
+        left = deadline - time.perf_counter()
         solver = cp_model.CpSolver()
         for name, value in params.items():
             setattr(solver.parameters, name, value)
