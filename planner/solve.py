@@ -53,10 +53,12 @@ ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
 """planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
-LNS_SHARE_RESTRICTED = 0.7
-"""Share of CP-SAT's time the large-neighbourhood search (planner/cp/lns.py) gets, before the
-routing-fixed model, on jobs too large for the full model (3,000-15,000 F/B/W ops), where that
-model gained at most 1.2 ms in 27 s (docs/benchmarks.md, "CP-SAT optimality")."""
+LNS_SHARE_RESTRICTED = 1.0
+"""Share of CP-SAT's time the large-neighbourhood search (planner/cp/lns.py) gets on jobs too large
+for the full model (3,000-15,000 F/B/W ops): all of it, instead of the routing-fixed model, which
+gained at most 1.2 ms in 27 s there (docs/benchmarks.md, "CP-SAT optimality") and whose build
+alone (0.45 s on 8 x 8 x 24) pushed the solve past its limit when it ran after the LNS with
+what was left (side by side, 2026-11-23: max wall 11.7 s against 10.6 s before)."""
 LNS_SHARE = 0.0
 """The same on jobs small enough for the full model: none. Side by side at the 10 s default
 (2026-11-23), giving the LNS 60% of the time after the routing-fixed polish made 6 of the 10
@@ -173,7 +175,7 @@ def _solve_canonical(
         if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and share > 0 and left > 1.0:
             ops, period = _lns_step(job, failed, ops, period, bound.value_ms, share * left, seed, stats)
             left = time_limit_s - (time.perf_counter() - started)
-        if cpsat is not None:
+        if cpsat is not None and (share < 1.0 or stats.lns is None):  # else the LNS had it all
             improved = cpsat.improve(job, failed, ops, period, bound.value_ms, left, seed)
             stats.cp_status = improved.cp_status
             stats.cp_model = improved.model
