@@ -196,8 +196,8 @@ def _solve_canonical(
                     stats.objective_ms = period
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, cp_replay.cycle
-            if stats.replay_settled and period <= stats.bound_ms + 1e-6:
-                stats.status = SolveStatus.OPTIMAL
+        if stats.replay_settled and period <= stats.bound_ms + 1e-6:  # CP-SAT's or the LNS's plan
+            stats.status = SolveStatus.OPTIMAL
     stats.wall_s = time.perf_counter() - started
     return ops, period, stats, reason
 
