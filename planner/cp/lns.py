@@ -2,20 +2,22 @@
 
 The plan is held as per-worker op orders and its steady-state one-iteration schedule
 (`orders.steady_state`: every worker's span at most the period). A *neighbourhood* frees a set of
-compute ops (a time window over all workers, a band of stages in a window, or the iteration's
-tail); every other op stays at its start in that schedule and enters the sub-model as a constant:
-its precedences become release times and deadlines of the free ops, its interval a fixed block on
-its worker, its memory a fixed piece of the worker's profile. Only the free ops are variables, so
-a sub-model has tens to a few hundred variables whatever the job's size (the removed LNS of commit
-2d2015a cloned the whole model and spent 1-3 s of presolve per neighbourhood).
+compute ops (a window of the plan by start time over all workers, a window on a band of 2-3
+stages, or the iteration's tail). The sub-model times every op, but only the free ops may change
+places: outside the neighbourhood each worker keeps its order as a chain of difference
+constraints (no intervals, no literals); a worker's free ops (a contiguous run of its order) sit
+between its fixed neighbours under one NoOverlap; rule 6 is posted in order terms on the workers
+whose order may change; the period is the largest span, as in the full model. So the whole plan
+can shift around the window and the period itself moves. Fixing the ops outside the window at
+their *times* instead (the first version) gave smaller models but could not move the period: the
+fixed ops after the window pin the iteration's end. The removed LNS of commit 2d2015a cloned the
+whole model (intervals and routing literals for every op) and spent 1-3 s of presolve per
+neighbourhood; these models have no routing literals and run with presolve off.
 
-Each sub-model is solved for a fraction of a second with the base schedule as its hint (always
-feasible: the fixed ops are where the base has them). Objective: the period (largest span, which
-moves only when the neighbourhood reaches a binding worker's first op or its stage's tail), then
-the sum of the free ops' starts (packing the window early lets the re-timing pull later ops in).
-The solution's per-worker orders are re-timed in exact milliseconds (`orders.retime`, valid by
-construction) and replayed; the new plan replaces the current one when its period is not worse
-(ties move the search on), and the result is returned only when strictly better than the input.
+Each sub-model is solved for a fraction of a second with the current plan as a complete, feasible
+hint. The solution's per-worker orders are re-timed in exact milliseconds (`orders.retime`) and
+replayed; the new plan replaces the current one when its period is not worse (ties move the search
+on), and the result is returned only when strictly better than the input.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ SUB_TIME_PER_OP_S = 1e-4
 variable; 4 x 4 x 8: 0.54 s, 8 x 8 x 24: 0.96 s), a fraction of the 10 s default solve."""
 FREE_OPS = (140, 160)
 """Free compute ops per neighbourhood, tried in turn. Measured on 4 x 4 x 8 with four failures
-(384 ops, 7 s, seeds 0-2): 40-120 reached 410.75 ms, 140: 402.5-404.25, 160: 402.75-410.75,
-200: 409.5-412.75 (smaller ones solve to optimality but rarely move the period)."""
+(384 ops, 7 s): 40-120 reached 410.75 ms (seed 0), 140: 402.5-404.25 (seeds 1-2), 160:
+402.75-410.75 (seeds 0-2), 200: 409.5-412.75 (seeds 1-2); smaller ones solve to optimality but
+rarely move the period."""
 KINDS = ("window", "stages", "tail")
 """The neighbourhood portfolio, cycled in this order."""
 
