@@ -13,6 +13,7 @@ measured afterwards by the simulator's replay of the op orders.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -46,12 +47,19 @@ class Policy:
     never wait for forwards."""
     routing_rotation: int = 0
     """Which alive peer receives the first re-routed micro-batch (see `balanced_routing`)."""
+    fill_round_trip: bool = False
+    """The forward-ahead cap of stage s is instead the number of forwards that fit in its
+    uncongested round trip, `ceil((F_s + round trip_s) / F_s) + ahead_slack` (ZB-H2's warm-up:
+    with twice 1F1B's memory stage 0 fills its whole wait for the first gradient, and deeper stages
+    run no more forwards than that, so the first gradients are not queued behind forwards)."""
 
     @property
     def name(self) -> str:
         cap = "mem" if self.ahead_slack is None else f"S-s+{self.ahead_slack}"
         gaps = "greedy" if self.w_tolerance is None else f"yield{self.w_tolerance:g}"
         feed = ",feed" if self.feed_bottleneck else ""
+        if self.fill_round_trip:
+            cap = f"fill{self.ahead_slack or 0:+d}"
         return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}"
 
 
@@ -79,6 +87,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     round_trip = [
         sum(fwd[t] + bwd[t] for t in range(s + 1, S)) + 2 * sum(hop_same[s:]) for s in range(S)
     ]
+    if policy.fill_round_trip:
+        caps = [max(1, math.ceil((fwd[s] + round_trip[s]) / fwd[s] - 1e-9) + (slack or 0)) for s in range(S)]
     yield_w = policy.w_tolerance
     # executor[s][mb] for mb = home * M + m
     executor = [[routing.executor(mb // M, mb % M, s) for mb in range(D * M)] for s in range(S)]

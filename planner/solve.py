@@ -53,6 +53,17 @@ ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
 """planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
+LNS_SHARE_RESTRICTED = 1.0
+"""Share of CP-SAT's time the large-neighbourhood search (planner/cp/lns.py) gets on jobs too large
+for the full model (3,000-15,000 F/B/W ops): all of it, instead of the routing-fixed model, which
+gained at most 1.2 ms in 27 s there (docs/benchmarks.md, "CP-SAT optimality") and whose build
+alone (0.45 s on 8 x 8 x 24) pushed the solve past its limit when it ran after the LNS with
+what was left (side by side, 2026-11-23: max wall 11.7 s against 10.6 s before)."""
+LNS_SHARE = 0.0
+"""The same on jobs small enough for the full model: none. Side by side at the 10 s default
+(2026-11-23), giving the LNS 60% of the time after the routing-fixed polish made 6 of the 10
+4 x 4 x 8 failure plans worse (e.g. [1,0],[3,3]: 392.5 -> 398.0 ms) and none better: the full
+model does more with that time (docs/benchmarks.md)."""
 
 @dataclass
 class PlanResult:
@@ -160,7 +171,11 @@ def _solve_canonical(
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, polished.cycle
             left = time_limit_s - (time.perf_counter() - started)
-        if cpsat is not None:
+        share = LNS_SHARE if job.op_count <= FULL_CP_MAX_OPS else LNS_SHARE_RESTRICTED
+        if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and share > 0 and left > 1.0:
+            ops, period = _lns_step(job, failed, ops, period, bound.value_ms, share * left, seed, stats)
+            left = time_limit_s - (time.perf_counter() - started)
+        if cpsat is not None and (share < 1.0 or stats.lns is None):  # else the LNS had it all
             improved = cpsat.improve(job, failed, ops, period, bound.value_ms, left, seed)
             stats.cp_status = improved.cp_status
             stats.cp_model = improved.model
@@ -181,10 +196,28 @@ def _solve_canonical(
                     stats.objective_ms = period
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, cp_replay.cycle
-            if stats.replay_settled and period <= stats.bound_ms + 1e-6:
-                stats.status = SolveStatus.OPTIMAL
+        if stats.replay_settled and period <= stats.bound_ms + 1e-6:  # CP-SAT's or the LNS's plan
+            stats.status = SolveStatus.OPTIMAL
     stats.wall_s = time.perf_counter() - started
     return ops, period, stats, reason
+
+
+def _lns_step(job: JobSpec, failed: tuple[Worker, ...], ops: list[Op], period: float, bound_ms: float,
+              time_limit_s: float, seed: int, stats: SolverStats) -> tuple[list[Op], float]:
+    """The large-neighbourhood search from the current plan; its plan replaces the current one when
+    strictly better and valid (re-timed orders: valid by construction, checked anyway)."""
+    from planner.cp.lns import improve_lns
+
+    result = improve_lns(job, failed, ops, period, bound_ms, time_limit_s, seed)
+    stats.lns = {"neighbourhoods": result.neighbourhoods, "accepted": result.accepted,
+                 "improved": result.improved, "wall_s": round(result.wall_s, 4),
+                 "sub_status": result.sub_status, "parameters": result.parameters}
+    if result.ops is not None and not validate(job, failed, result.ops):
+        stats.objective_ms = result.period_ms
+        stats.status = SolveStatus.IMPROVED
+        stats.replay_settled, stats.replay_cycle = True, result.cycle
+        return result.ops, result.period_ms
+    return ops, period
 
 
 def _to_concrete(canonical: CanonicalFailure, op: Op) -> Op:

@@ -165,6 +165,9 @@ class SolverStats:
     period is their mean); 0 when not settled."""
     fault_free_method: str = ""
     """How the shared fault-free plan was made (planner/fault_free.py: deterministic, no clock)."""
+    lns: dict[str, Any] | None = None
+    """The large-neighbourhood search (planner/cp/lns.py) when it ran: sub-models tried, accepted,
+    improving, their CP-SAT statuses, wall time and the sub-solver parameters."""
 
     @property
     def gap(self) -> float:
@@ -190,4 +193,5 @@ class SolverStats:
             "replay_settled": self.replay_settled,
             "replay_cycle": self.replay_cycle,
             "fault_free_method": self.fault_free_method,
+            **({"lns": self.lns} if self.lns is not None else {}),
         }
