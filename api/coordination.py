@@ -25,9 +25,14 @@ from api.replan import Replanning
 from api.settings import Settings
 from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
+from api.turns import Turns
 from planner.spec import Worker
 
 log = logs.get("coordinator")
+
+ANSWERS_PER_TURN = 32
+"""Long-poll answers written per event-loop iteration (`api.turns`): after a failure at 4,096
+daemons, 4,095 answers (7.3 KB each) went out in one iteration while beats waited unread."""
 
 
 @dataclass
@@ -63,6 +68,7 @@ class Coordinator(Replanning):
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
         self.closing = False
+        self.turns = Turns(ANSWERS_PER_TURN)
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -301,6 +307,7 @@ class Coordinator(Replanning):
                 if worker not in payload.streams:  # not in the plan's batch: build this one alone
                     plan = await self.plans.get(live.job, payload.plan_id)
                     payload.streams[worker] = await self.plans.stream(live.job, plan, worker)
+            await self.turns.take()  # a slice of the wake-up per loop iteration: beats read between
             return payload.body(live.m, worker)
         finally:
             self.metrics.long_polls.dec()

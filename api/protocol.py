@@ -29,7 +29,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     quick = None
-    """Optional `(method, url, headers) -> bytes | None`: a 200 JSON answer from the head alone."""
+    """Optional `(method, url, headers, memo) -> bytes | None`: a 200 JSON answer from the head
+    alone; `memo` is a dict of this connection's own, kept while it lives (`api.fastpath`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -41,6 +42,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._rejected = False
         self._answered = False
         """The current request was answered from its head (`quick`): the app never sees it."""
+        self._memo: dict = {}
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -81,7 +83,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.quick is not None and (self.cycle is None or self.cycle.response_complete) \
                 and not self.pipeline and self.parser.should_keep_alive() \
                 and self.parser.get_http_version() == "1.1":
-            body = self.quick(self.parser.get_method(), self.url, self.headers)
+            body = self.quick(self.parser.get_method(), self.url, self.headers, self._memo)
             if body is not None:
                 self._answered = True
                 self.transport.write(b"".join(

@@ -60,7 +60,7 @@ def connection(quick):
     return protocol, transport, state, reached
 
 
-def beats_only(method, url, headers):
+def beats_only(method, url, headers, memo):
     return b'{"beat":true}' if method == b"POST" and url.endswith(b"/heartbeat") else None
 
 
@@ -93,7 +93,7 @@ def test_a_beat_behind_an_unanswered_request_waits_its_turn():
 
 def test_what_the_hook_declines_goes_to_the_app():
     async def run():
-        protocol, transport, state, reached = connection(lambda method, url, headers: None)
+        protocol, transport, state, reached = connection(lambda method, url, headers, memo: None)
         protocol.data_received(BEAT)
         await asyncio.sleep(0)
         assert len(reached) == 1 and reached[0]["path"] == "/v1/jobs/j/workers/0/1/heartbeat"
