@@ -120,6 +120,36 @@ def test_turns_let_a_share_through_per_loop_iteration_in_arrival_order():
     asyncio.run(run())
 
 
+def test_a_slice_ends_when_its_time_budget_is_used():
+    """Each caller "takes" one unit of a fake clock once through: with a budget of 3 units, a
+    slice holds at most 4 callers (the one that starts it at 0, and those through at 1, 2, 3),
+    fewer than the count (5) allows; order is kept across the cut."""
+    async def run():
+        now = [0.0]
+        turns, passed, iteration = Turns(5, budget_s=3.0, clock=lambda: now[0]), [], [0]
+        stop = asyncio.Event()
+
+        def tick() -> None:
+            iteration[0] += 1
+            if not stop.is_set():
+                asyncio.get_running_loop().call_soon(tick)
+
+        async def taker(i: int) -> None:
+            await turns.take()
+            passed.append((i, iteration[0]))
+            now[0] += 1.0
+
+        asyncio.get_running_loop().call_soon(tick)
+        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(10))), 5)
+        stop.set()
+        assert [i for i, _ in passed] == list(range(10))
+        per_iteration: dict[int, int] = {}
+        for _, it in passed:
+            per_iteration[it] = per_iteration.get(it, 0) + 1
+        assert max(per_iteration.values()) == 4 and len(per_iteration) == 3, per_iteration
+    asyncio.run(run())
+
+
 def test_a_cancelled_waiter_gives_its_place_up():
     async def run():
         turns, passed = Turns(1), []
