@@ -109,11 +109,16 @@ def test_head_beats_of_a_real_server_are_answered_and_counted(server, client):
     assert client.post(path, json={"pid": 7}).status_code == 200  # registers (through the app)
     route = 'route="/v1/jobs/{job_id}/workers/{pipeline}/{stage}/heartbeat"'
     before = metric(client, f'recycle_http_requests_total{{method="POST",{route},status="200"}}')
+    timed_before = metric(client, f'recycle_http_request_seconds_count{{{route}}}')
     with httpx.Client(base_url=server.url, timeout=10) as beats:  # one keep-alive connection
         for _ in range(3):
             r = beats.post(path)
             assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            assert r.headers["server"] == "uvicorn" and r.headers["date"].endswith(" GMT")  # as the app's
             body = r.json()
             assert body["worker"] == [1, 0] and body["excluded"] is False and body["generation"] >= 1
     after = metric(client, f'recycle_http_requests_total{{method="POST",{route},status="200"}}')
     assert after - before == 3
+    # ... and timed: counted outside the registry per beat, flushed into it before the export
+    timed = metric(client, f'recycle_http_request_seconds_count{{{route}}}')
+    assert timed - timed_before == 3
