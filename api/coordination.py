@@ -30,12 +30,13 @@ from planner.spec import Worker
 
 log = logs.get("coordinator")
 
-ANSWERS_PER_TURN, ANSWER_BUDGET_S = 128, 0.02
-"""Long-poll answers written per event-loop iteration (`api.turns`), at most that many or that
-long: after a failure at 4,096 daemons, 4,095 answers (7.3 KB each, ~0.15 ms of server each) went
-out in one iteration while beats waited unread. 20 ms keeps a beat's wait well under the 100 ms
-bar and still gives the answers most of a busy loop (32 answers a slice stretched the wake-up to
-4.7-19 s under load)."""
+ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S = 128, 0.02, 0.05
+"""Long-poll answers written per event-loop iteration (`api.turns`): at most 128, for 20 ms of CPU
+or as long as the loop spent on everything else since the last slice, up to 50 ms. After a failure
+at 4,096 daemons, 4,095 answers (7.3 KB each, ~0.15 ms of server each) went out in one iteration
+while beats waited unread; 20-50 ms keeps a beat's wait under the 100 ms bar while a busy loop
+still gives the answers about half its time (32 answers a slice stretched the wake-up to 4.7-19 s
+under load)."""
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Coordinator(Replanning):
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
         self.closing = False
-        self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S)
+        self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S)
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:

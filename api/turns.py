@@ -7,11 +7,14 @@ beats/s waited unread - the whole-run heartbeat p99 of 0.42-1.19 s (docs/benchma
 the answers through `Turns` splits that batch into slices with a poll of the sockets between them,
 so beats that arrive meanwhile are read and answered between slices.
 
-A slice ends after `per_turn` callers or once `budget_s` has passed since its first caller went
-through, whichever is first: a count alone made each slice ~5 ms of answers while the beats
-read between slices grew with the box's load, and the wake-up took 4.7-19 s at 4,096 daemons
-where all of it at once took 1.4 s. Order is arrival order; a caller cancelled while waiting gives
-its place up.
+A slice ends after `per_turn` callers or once its time budget is used, whichever is first. The
+budget is the time the loop spent on everything else since the previous slice (the beats read in
+between), at least `budget_s` and at most `max_budget_s`: a loop with time to spare answers
+`budget_s` worth per iteration, one that the beats keep busy gives the answers about half of it.
+Times are the thread's CPU time, so a process the box deschedules does not lose its slices. A
+count alone (32 a slice, ~5 ms of answers) let the beats take most of a loaded server: the
+4,096 wake-up took 4.7-19 s where all answers at once took 1.4 s. Order is arrival order; a caller
+cancelled while waiting gives its place up.
 """
 
 from __future__ import annotations
@@ -22,15 +25,20 @@ from collections import deque
 
 
 class Turns:
-    def __init__(self, per_turn: int, budget_s: float = float("inf"), clock=time.perf_counter):
+    def __init__(self, per_turn: int, budget_s: float = float("inf"), max_budget_s: float | None = None,
+                 clock=time.thread_time):
         if per_turn < 1:
             raise ValueError("per_turn must be at least 1")
         self.per_turn, self.budget_s, self.clock = per_turn, budget_s, clock
+        self.max_budget_s = budget_s if max_budget_s is None else max(budget_s, max_budget_s)
         self._left = per_turn
         self._waiting: deque[asyncio.Future] = deque()
         self._over: list[asyncio.Future] = []
         """Released this turn but over the budget when they ran: first in line for the next."""
         self._slice_started: float | None = None
+        self._slice_budget = budget_s
+        self._last_pass: float | None = None
+        """When the previous slice's last caller went through, while a backlog lasts."""
         self._scheduled = False
 
     @property
@@ -60,7 +68,12 @@ class Turns:
         now = self.clock()
         if self._slice_started is None:
             self._slice_started = now
-        return now - self._slice_started <= self.budget_s
+            other = 0.0 if self._last_pass is None else now - self._last_pass
+            self._slice_budget = min(self.max_budget_s, max(self.budget_s, other))
+        if now - self._slice_started <= self._slice_budget:
+            self._last_pass = now
+            return True
+        return False
 
     def _next_soon(self) -> None:
         if not self._scheduled:
@@ -83,3 +96,5 @@ class Turns:
                 self._left -= 1
         if self._left < self.per_turn:
             self._next_soon()
+        elif not self.waiting:
+            self._last_pass = None  # the backlog is over: the next one starts at `budget_s`

@@ -150,6 +150,47 @@ def test_a_slice_ends_when_its_time_budget_is_used():
     asyncio.run(run())
 
 
+def test_a_busy_loop_gives_the_slices_as_long_as_the_rest_up_to_the_most():
+    """Every loop iteration spends 5 units on other work (the beats); each caller 1 unit. The
+    first slice of a backlog gets the base budget (2: callers at 0, 1, 2), later ones as long as
+    the other work since the previous slice (10 or more), capped at 4: callers at 0 .. 4."""
+    async def run():
+        now = [0.0]
+        turns = Turns(100, budget_s=2.0, max_budget_s=4.0, clock=lambda: now[0])
+        passed, iteration, stop = [], [0], asyncio.Event()
+
+        def tick() -> None:
+            iteration[0] += 1
+            now[0] += 5.0
+            if not stop.is_set():
+                asyncio.get_running_loop().call_soon(tick)
+
+        async def taker(i: int) -> None:
+            await turns.take()
+            passed.append((i, iteration[0]))
+            now[0] += 1.0
+
+        asyncio.get_running_loop().call_soon(tick)
+        await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(13))), 5)
+        stop.set()
+        assert [i for i, _ in passed] == list(range(13))
+        sizes: dict[int, int] = {}
+        for _, it in passed:
+            sizes[it] = sizes.get(it, 0) + 1
+        assert [sizes[it] for it in sorted(sizes)] == [3, 5, 5], sizes
+        # A later backlog starts at the base budget again, however busy the loop was meanwhile.
+        stop.clear()
+        asyncio.get_running_loop().call_soon(tick)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        passed.clear()
+        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(5))), 5)
+        stop.set()
+        assert len({it for _, it in passed[:3]}) == 1 and passed[3][1] > passed[2][1], passed
+    asyncio.run(run())
+
+
 def test_a_cancelled_waiter_gives_its_place_up():
     async def run():
         turns, passed = Turns(1), []
