@@ -11,7 +11,10 @@ A slice ends after `per_turn` callers or once its time budget is used, whichever
 budget is the time the loop spent on everything else since the previous slice (the beats read in
 between), at least `budget_s` and at most `max_budget_s`: a loop with time to spare answers
 `budget_s` worth per iteration, one that the beats keep busy gives the answers about half of it.
-Times are the thread's CPU time, so a process the box deschedules does not lose its slices. A
+Times are the thread's CPU time, so a process the box deschedules does not lose its slices.
+Once a backlog is `hurry_after_s` old (wall time), whatever still waits goes at once: a server that
+gets too little CPU to serve the beats and much else (a shared box) would otherwise stretch the
+wake-up without bound, because the beats, read every iteration, keep most of each iteration. A
 count alone (32 a slice, ~5 ms of answers) let the beats take most of a loaded server: the
 4,096 wake-up took 4.7-19 s where all answers at once took 1.4 s. Order is arrival order; a caller
 cancelled while waiting gives its place up.
@@ -26,10 +29,11 @@ from collections import deque
 
 class Turns:
     def __init__(self, per_turn: int, budget_s: float = float("inf"), max_budget_s: float | None = None,
-                 clock=time.thread_time):
+                 hurry_after_s: float = float("inf"), clock=time.thread_time, wall=time.monotonic):
         if per_turn < 1:
             raise ValueError("per_turn must be at least 1")
-        self.per_turn, self.budget_s, self.clock = per_turn, budget_s, clock
+        self.per_turn, self.budget_s, self.clock, self.wall = per_turn, budget_s, clock, wall
+        self.hurry_after_s = hurry_after_s
         self.max_budget_s = budget_s if max_budget_s is None else max(budget_s, max_budget_s)
         self._left = per_turn
         self._waiting: deque[asyncio.Future] = deque()
@@ -39,6 +43,8 @@ class Turns:
         self._slice_budget = budget_s
         self._last_pass: float | None = None
         """When the previous slice's last caller went through, while a backlog lasts."""
+        self._backlog_since: float | None = None
+        """Wall time the current backlog began (someone waiting since)."""
         self._scheduled = False
 
     @property
@@ -54,11 +60,12 @@ class Turns:
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self._backlog_since is None:
+            self._backlog_since = self.wall()
         self._waiting.append(fut)
         self._next_soon()
         while True:
-            await fut
-            if self._within_budget():
+            if await fut or self._within_budget():
                 return
             fut = loop.create_future()  # released, but this slice's time is used up
             self._over.append(fut)
@@ -82,19 +89,22 @@ class Turns:
 
     def _next_turn(self) -> None:
         """Runs in the iteration after a slice: a fresh one, given to those waiting first (their
-        tasks run in the iteration after this, one slice per iteration)."""
+        tasks run in the iteration after this, one slice per iteration); everyone waiting once the
+        backlog is `hurry_after_s` old."""
         self._scheduled = False
-        self._left = self.per_turn
-        self._slice_started = None
+        hurry = self._backlog_since is not None and self.wall() - self._backlog_since > self.hurry_after_s
         if self._over:
             self._waiting.extendleft(reversed(self._over))
             self._over = []
+        self._left = start = len(self._waiting) if hurry else self.per_turn
+        self._slice_started = None
         while self._waiting and self._left > 0:
             fut = self._waiting.popleft()
             if not fut.done():  # a cancelled waiter gave its place up
-                fut.set_result(None)
+                fut.set_result(hurry)  # hurried: through whatever the budget says
                 self._left -= 1
-        if self._left < self.per_turn:
+        if self._waiting or self._left < start:
             self._next_soon()
-        elif not self.waiting:
-            self._last_pass = None  # the backlog is over: the next one starts at `budget_s`
+        else:  # nobody waits and nobody was let through: the next backlog starts afresh
+            self._left = self.per_turn
+            self._last_pass = self._backlog_since = None

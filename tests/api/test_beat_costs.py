@@ -191,6 +191,47 @@ def test_a_busy_loop_gives_the_slices_as_long_as_the_rest_up_to_the_most():
     asyncio.run(run())
 
 
+def test_a_backlog_older_than_hurry_after_goes_at_once():
+    """Two a slice while the backlog is young (a fake wall clock advances 1 per iteration); once it
+    is older than 5, everything still waiting goes in one slice: the wake-up is bounded even when
+    the slices get little of a starved loop."""
+    async def run():
+        wall, cpu = [0.0], [0.0]  # each caller through takes 1 unit of CPU; a slice's budget is 1.5
+        turns = Turns(2, budget_s=1.5, hurry_after_s=5.0, clock=lambda: cpu[0], wall=lambda: wall[0])
+        passed, iteration, stop = [], [0], asyncio.Event()
+
+        def tick() -> None:
+            iteration[0] += 1
+            wall[0] += 1.0
+            if not stop.is_set():
+                asyncio.get_running_loop().call_soon(tick)
+
+        async def taker(i: int) -> None:
+            await turns.take()
+            passed.append((i, iteration[0]))
+            cpu[0] += 1.0
+
+        def slices() -> list[int]:
+            sizes: dict[int, int] = {}
+            for _, it in passed:
+                sizes[it] = sizes.get(it, 0) + 1
+            return [sizes[it] for it in sorted(sizes)]
+
+        asyncio.get_running_loop().call_soon(tick)
+        await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(30))), 5)
+        assert [i for i, _ in passed] == list(range(30))
+        counts = slices()  # hurried: past the count and the budget
+        assert all(n <= 2 for n in counts[:-1]) and counts[-1] > 2 and 4 <= len(counts) <= 8, counts
+        for _ in range(3):  # the backlog is over; the wall clock goes on
+            await asyncio.sleep(0)
+        passed.clear()
+        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(6))), 5)
+        stop.set()
+        assert slices() == [2, 2, 2], slices()  # a new backlog is young again
+    asyncio.run(run())
+
+
 def test_a_cancelled_waiter_gives_its_place_up():
     async def run():
         turns, passed = Turns(1), []
