@@ -323,6 +323,10 @@ def main() -> None:
             raise
         finally:
             stop_service(proc)
+            if case in results:  # the server's side of the wake-up: answers held back in slices
+                log = (Path(_tmp.name) / "service.log").read_text().splitlines()
+                results[case]["server_sliced_answers"] = [
+                    json.loads(line) for line in log if '"answers sliced"' in line][:5]
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
                       "heartbeat_interval_s": interval, **results}, indent=2))
 
