@@ -74,8 +74,8 @@ class Coordinator(Replanning):
         self._watchdog: asyncio.Task | None = None
         self.closing = False
         self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S, ANSWERS_HURRY_AFTER_S)
-        self.turns.drained = lambda answers, seconds: log.info(
-            "answers sliced", extra={"answers": answers, "seconds": round(seconds, 3)})
+        self.turns.drained = lambda answers, seconds, hurried: log.info(
+            "answers sliced", extra={"answers": answers, "seconds": round(seconds, 3), "hurried": hurried})
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:

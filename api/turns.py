@@ -35,9 +35,11 @@ class Turns:
         self.per_turn, self.budget_s, self.clock, self.wall = per_turn, budget_s, clock, wall
         self.hurry_after_s = hurry_after_s
         self.drained = None
-        """Optional `(callers, seconds)`: called when a backlog is over (how many went through
-        while it lasted, and how long from its first waiter until the last was let through)."""
-        self._through = 0
+        """Optional `(callers, seconds, hurried)`: called when a backlog is over - how many were let
+        through while it lasted, how long from its first waiter until the last was let through,
+        and how many of them went at once in the hurry (a caller released but then over its
+        slice's budget, held back again, counts twice)."""
+        self._through = self._hurried = 0
         self.max_budget_s = budget_s if max_budget_s is None else max(budget_s, max_budget_s)
         self._left = per_turn
         self._waiting: deque[asyncio.Future] = deque()
@@ -109,10 +111,12 @@ class Turns:
                 self._left -= 1
         if self._backlog_since is not None:
             self._through += start - self._left
+            if hurry:
+                self._hurried += start - self._left
         if self._waiting or self._left < start:
             self._next_soon()
         else:  # nobody waits and nobody was let through: the next backlog starts afresh
             if self._backlog_since is not None and self.drained is not None:
-                self.drained(self._through, self.wall() - self._backlog_since)
-            self._left, self._through = self.per_turn, 0
+                self.drained(self._through, self.wall() - self._backlog_since, self._hurried)
+            self._left, self._through, self._hurried = self.per_turn, 0, 0
             self._last_pass = self._backlog_since = None

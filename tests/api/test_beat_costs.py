@@ -199,7 +199,7 @@ def test_a_backlog_older_than_hurry_after_goes_at_once():
         wall, cpu = [0.0], [0.0]  # each caller through takes 1 unit of CPU; a slice's budget is 1.5
         turns = Turns(2, budget_s=1.5, hurry_after_s=5.0, clock=lambda: cpu[0], wall=lambda: wall[0])
         passed, iteration, stop, drained = [], [0], asyncio.Event(), []
-        turns.drained = lambda n, seconds: drained.append((n, seconds))
+        turns.drained = lambda n, seconds, hurried: drained.append((n, seconds, hurried))
 
         def tick() -> None:
             iteration[0] += 1
@@ -231,7 +231,8 @@ def test_a_backlog_older_than_hurry_after_goes_at_once():
         stop.set()
         assert slices() == [2, 2, 2], slices()  # a new backlog is young again
         # Each backlog reported once, with those that waited (all but the first slice's two).
-        assert [n for n, _ in drained] == [28, 4] and all(seconds > 0 for _, seconds in drained)
+        assert [n for n, _, _ in drained] == [28, 4] and all(seconds > 0 for _, seconds, _ in drained)
+        assert drained[0][2] == counts[-1] and drained[1][2] == 0  # the hurried slice, none later
     asyncio.run(run())
 
 
