@@ -73,9 +73,11 @@ class Coordinator(Replanning):
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
         self.closing = False
-        self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S, ANSWERS_HURRY_AFTER_S)
-        self.turns.drained = lambda answers, seconds, hurried: log.info(
-            "answers sliced", extra={"answers": answers, "seconds": round(seconds, 3), "hurried": hurried})
+        self.turns: Turns | None = None
+        if settings.slice_answers:
+            self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S, ANSWERS_HURRY_AFTER_S)
+            self.turns.drained = lambda answers, seconds, hurried: log.info("answers sliced", extra={
+                "answers": answers, "seconds": round(seconds, 3), "hurried": hurried})
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -314,7 +316,8 @@ class Coordinator(Replanning):
                 if worker not in payload.streams:  # not in the plan's batch: build this one alone
                     plan = await self.plans.get(live.job, payload.plan_id)
                     payload.streams[worker] = await self.plans.stream(live.job, plan, worker)
-            await self.turns.take()  # a slice of the wake-up per loop iteration: beats read between
+            if self.turns is not None:  # a slice of the wake-up per loop iteration: beats read between
+                await self.turns.take()
             return payload.body(live.m, worker)
         finally:
             self.metrics.long_polls.dec()

@@ -275,6 +275,7 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, help="seconds over which the daemons start (default: one "
                     "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
+    ap.add_argument("--slice-answers", action="store_true", help="RECYCLE_SLICE_ANSWERS=true for the server")
     args = ap.parse_args()
     # The generator holds 8,192 connections and tasks: with the default thresholds its own full
     # collections paused it for 1.0-1.3 s (gc callbacks), which the beats it timed then included.
@@ -296,7 +297,8 @@ def main() -> None:
             args.profile.mkdir(parents=True, exist_ok=True)
             profiled = str(Path(__file__).with_name("profiled.py"))
             run_as = (*launcher, profiled, str(args.profile / f"{case}.prof"))
-        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false",
+        extra = {"RECYCLE_SLICE_ANSWERS": "true"} if args.slice_answers else {}
+        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false", **extra,
                                         RECYCLE_SOLVE_DEADLINE_S="600", RECYCLE_API_TOKEN=TOKEN)
         try:
             with httpx.Client(base_url=url, timeout=300, headers=ADMIN) as c:
