@@ -295,3 +295,11 @@ def test_the_polls_a_change_wakes_are_answered_a_slice_per_loop_iteration(setup)
         assert len(answered) == 15 and max(per_iteration.values()) <= 2, per_iteration
 
     asyncio.run(scenario())
+
+
+def test_slicing_the_answers_is_opt_in(setup, tmp_path):
+    store, job, plans, coordinator = setup
+    assert coordinator.turns is None  # the default: every answer of a wake-up at once
+    sliced = Coordinator(Settings(database_url=f"sqlite:///{tmp_path / 'adopt.db'}", slice_answers=True),
+                         store, plans, Metrics())
+    assert isinstance(sliced.turns, Turns) and sliced.turns.per_turn > 1
