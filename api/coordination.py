@@ -25,9 +25,19 @@ from api.replan import Replanning
 from api.settings import Settings
 from api.store import GenerationConflict, JobRow, Store
 from api.tokens import Caller, new_registration
+from api.turns import Turns
 from planner.spec import Worker
 
 log = logs.get("coordinator")
+
+ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S, ANSWERS_HURRY_AFTER_S = 128, 0.02, 0.05, 1.0
+"""Long-poll answers written per event-loop iteration (`api.turns`): at most 128, for 20 ms of CPU
+or as long as the loop spent on everything else since the last slice, up to 50 ms; whatever still
+waits 1 s into the wake-up goes at once. After a failure at 4,096 daemons, 4,095 answers (7.3 KB
+each, ~0.15 ms of server each) went out in one iteration while beats waited unread; 20-50 ms keeps
+a beat's wait under the 100 ms bar while a busy loop still gives the answers about half its time.
+The hurry keeps the "all hold < 3 s" bar on a server the box starves: the beats, read every
+iteration, then took ~80 % of each and the wake-up 12-17 s (load 7-10)."""
 
 
 @dataclass
@@ -63,6 +73,11 @@ class Coordinator(Replanning):
         self._loading: dict[str, asyncio.Lock] = {}
         self._watchdog: asyncio.Task | None = None
         self.closing = False
+        self.turns: Turns | None = None
+        if settings.slice_answers:
+            self.turns = Turns(ANSWERS_PER_TURN, ANSWER_BUDGET_S, ANSWER_BUDGET_MAX_S, ANSWERS_HURRY_AFTER_S)
+            self.turns.drained = lambda answers, seconds, hurried: log.info("answers sliced", extra={
+                "answers": answers, "seconds": round(seconds, 3), "hurried": hurried})
 
     # --------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -301,6 +316,8 @@ class Coordinator(Replanning):
                 if worker not in payload.streams:  # not in the plan's batch: build this one alone
                     plan = await self.plans.get(live.job, payload.plan_id)
                     payload.streams[worker] = await self.plans.stream(live.job, plan, worker)
+            if self.turns is not None:  # a slice of the wake-up per loop iteration: beats read between
+                await self.turns.take()
             return payload.body(live.m, worker)
         finally:
             self.metrics.long_polls.dec()
@@ -315,6 +332,12 @@ class Coordinator(Replanning):
             # of workers registering at once): beats queued meanwhile were not read, so that time is
             # not the workers' silence (without this, a start-up storm failed live workers).
             late, tick = time.monotonic() - tick - period, time.monotonic()
+            # Let the loop poll the sockets once before judging silence. libuv runs due timers
+            # before it polls: after a stall shorter than a heartbeat interval (not excused below)
+            # this tick ran before the beats that arrived during the stall were read, and a live
+            # worker whose beat sat unread in the socket buffer was declared failed
+            # (tests/api/test_watchdog_stall.py).
+            await asyncio.sleep(0)
             for live in list(self._members.values()):
                 if late > self.settings.heartbeat_interval_s:
                     live.m.excuse(late)

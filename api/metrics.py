@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SOLVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 
 class Metrics:
+    latency_bounds = _LATENCY_BUCKETS
+
     def __init__(self) -> None:
+        self._flushers: list = []
         r = self.registry = CollectorRegistry()
         self.requests = Counter("recycle_http_requests", "HTTP requests served.",
                                 ["method", "route", "status"], registry=r)
@@ -38,6 +41,26 @@ class Metrics:
 
         self.cache_entries = Gauge("recycle_cache_entries", "Entries held by each bounded in-memory map.",
                                    ["cache"], registry=r)
+
+    def before_export(self, flush) -> None:
+        """`flush()` adds counts kept outside the registry (the head-answered heartbeats,
+        `api.fastpath.HeadBeats`) before every export."""
+        self._flushers.append(flush)
+
+    def export(self) -> bytes:
+        for flush in self._flushers:
+            flush()
+        return generate_latest(self.registry)
+
+    @staticmethod
+    def add_observations(histogram, counts: list[int], total: float) -> None:
+        """Add `counts[i]` observations in bucket i (upper bound `latency_bounds[i]`, the last
+        +Inf) summing to `total` to one labelled histogram, as that many `observe` calls would
+        (prometheus_client keeps per-bucket counts, not cumulative ones)."""
+        histogram._sum.inc(total)
+        for bucket, n in zip(histogram._buckets, counts, strict=True):
+            if n:
+                bucket.inc(n)
 
     def watch_size(self, cache: str, sized) -> None:
         self.cache_entries.labels(cache).set_function(lambda: len(sized))

@@ -29,7 +29,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     quick = None
-    """Optional `(method, url, headers) -> bytes | None`: a 200 JSON answer from the head alone."""
+    """Optional `(method, url, headers, memo) -> bytes | None`: a 200 JSON answer from the head
+    alone; `memo` is a dict of this connection's own, kept while it lives (`api.fastpath`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -41,6 +42,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._rejected = False
         self._answered = False
         """The current request was answered from its head (`quick`): the app never sees it."""
+        self._memo: dict = {}
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -81,13 +83,11 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.quick is not None and (self.cycle is None or self.cycle.response_complete) \
                 and not self.pipeline and self.parser.should_keep_alive() \
                 and self.parser.get_http_version() == "1.1":
-            body = self.quick(self.parser.get_method(), self.url, self.headers)
+            body = self.quick(self.parser.get_method(), self.url, self.headers, self._memo)
             if body is not None:
                 self._answered = True
-                self.transport.write(b"".join(
-                    [b"HTTP/1.1 200 OK\r\n",
-                     *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
-                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body]))
+                self.transport.write(b"%scontent-length: %d\r\n\r\n%s"
+                                     % (self._quick_head(), len(body), body))
                 return
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
@@ -110,6 +110,21 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head, self._head_bytes, self._head_lines, self._tail = True, 0, 0, b""
 
     # Helpers
+    _quick_heads: tuple = (None, b"")
+
+    def _quick_head(self) -> bytes:
+        """Status line, the server's default headers and the content type of a `quick` answer,
+        joined once per change of the default headers (uvicorn replaces that list when its `date`
+        changes, once a second), not per beat."""
+        defaults = self.server_state.default_headers
+        cached, head = GuardedHttpTools._quick_heads
+        if cached is not defaults:
+            head = b"".join([b"HTTP/1.1 200 OK\r\n",
+                             *(name + b": " + value + b"\r\n" for name, value in defaults),
+                             b"content-type: application/json\r\n"])
+            GuardedHttpTools._quick_heads = (defaults, head)
+        return head
+
     def _start_head_timer(self) -> None:
         self._stop_head_timer()
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)

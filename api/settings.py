@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     max_queued_solves: int = Field(
         default=64, ge=0, description="Client solves that may wait for a solve process; more answer 503.")
     max_wait_s: float = Field(default=60.0, gt=0, description="Longest a request may wait (plans, polls).")
+    slice_answers: bool = Field(
+        default=False, description="Write the long-poll answers a change wakes in slices, with the "
+        "sockets read between them (api.turns): beats wait less during a large wake-up, but on a "
+        "loaded box the wake-up measured longer (docs/benchmarks.md, 4,096 daemons).")
 
     heartbeat_interval_s: float = Field(default=1.0, gt=0, description="How often workers should beat.")
     heartbeat_timeout_s: float = Field(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREFIX = "rw1."
 REGISTRATION_HEADER = "X-Recycle-Registration"
@@ -73,10 +73,15 @@ class Caller:
     admin: bool
     job_id: str | None = None
     registration: str | None = None
+    registration_sha: str | None = field(default=None, compare=False, repr=False)
+    """`registration_hash(registration)` when already computed (a caller reused for a keep-alive
+    connection's beats: `api.fastpath.worker_caller`)."""
 
     def owns(self, stored_hash: str | None) -> bool:
         """Whether this caller made the registration whose hash is stored."""
         if self.admin or stored_hash is None:
             return True
-        return self.registration is not None and hmac.compare_digest(
-            registration_hash(self.registration), stored_hash)
+        if self.registration is None:
+            return False
+        digest = self.registration_sha or registration_hash(self.registration)
+        return hmac.compare_digest(digest, stored_hash)

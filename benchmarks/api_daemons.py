@@ -43,6 +43,19 @@ def progress(what: str) -> None:
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) the process `pid` has used so far; 0 when unknown. On a box
+    shared with other sessions, latencies move with their load; the server's CPU per beat does
+    not (it counts only the time the server itself ran)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def answer_head(body: bytes) -> dict:
     """An assignment answer less `worker` and its stream, parsed without the stream: the service
     splices those two members in last (`api.assignment`), and a `"` inside a JSON string is always
@@ -77,7 +90,7 @@ class AliveCheck:
 
 
 async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
-                  warmup: float, after: float, ramp: float) -> dict:
+                  warmup: float, after: float, ramp: float, server_pid: int | None = None) -> dict:
     host, port = host_port(url)
     beats: list[tuple[float, float]] = []  # (begun at, latency)
     registering: list[float] = []  # each daemon's first beat: it registers (a database write)
@@ -179,12 +192,16 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         assert time.perf_counter() < deadline, f"only {len(registering)} of {n} registered in 300 s"
         await asyncio.sleep(0.05)
     registered_at = time.perf_counter()
+    cpu_registered = cpu_s(server_pid)
     progress(f"all {n} daemons registered ({errors}); {warmup:g} s of steady beats, then the failure")
     await asyncio.sleep(warmup)
     window = sorted(b * 1000 for at, b in beats if at >= registered_at)
+    steady_cpu = cpu_s(server_pid) - cpu_registered
+    steady_wall = time.perf_counter() - registered_at
     progress(f"steady window: {len(window) / warmup:.0f} beats/s, p50 {percentile(window, 0.5):.1f} ms, "
              f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
-             f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms; reporting the failure")
+             f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms, server CPU {steady_cpu:.2f} s of "
+             f"{steady_wall:.2f} s; reporting the failure")
     report = await Connection(host, port).open()
     status, body = await report.request("GET", f"/v1/jobs/{job_id}/membership", None, ADMIN)
     before = json.loads(body)
@@ -192,6 +209,7 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
         errors["generations_before_the_failure"] = before["generation"] - 1
         progress(f"warning: generation {before['generation']} before the failure ({before['reason']})"[:300])
     reported = time.perf_counter()
+    cpu_reported = cpu_s(server_pid)
     status, body = await asyncio.wait_for(
         report.request("POST", f"/v1/jobs/{job_id}/failures", {"worker": failed}, ADMIN), timeout=60)
     assert status == 200, body
@@ -199,7 +217,9 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     while len(held) < len(alive):
         assert time.perf_counter() < deadline, f"only {len(held)} of {len(alive)} hold generation 2 in 120 s"
         await asyncio.sleep(0.01)
-    progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s")
+    wake_cpu = cpu_s(server_pid) - cpu_reported
+    progress(f"all hold generation 2 after {max(held.values()) - reported:.3f} s "
+             f"(server CPU {wake_cpu:.2f} s)")
     await asyncio.sleep(after)  # heartbeats keep going after the change
     stop.set()
     ended = time.perf_counter()
@@ -228,6 +248,12 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             "startup_heartbeat_p99_ms": round(percentile(startup_ms, 0.99), 2),
             "heartbeats_per_s": round(len(ms) / (ended - registered_at), 1),
             "daemons": n, "heartbeats": len(ms), "errors": errors,
+            "steady_heartbeat_p50_ms": round(percentile(window, 0.50), 2),
+            "steady_heartbeat_p99_ms": round(percentile(window, 0.99), 2),
+            "steady_server_cpu_share": round(steady_cpu / steady_wall, 3) if server_pid else None,
+            "steady_server_cpu_us_per_beat": round(steady_cpu / max(1, len(window)) * 1e6, 1)
+            if server_pid else None,
+            "wake_up_server_cpu_s": round(wake_cpu, 3) if server_pid else None,
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
@@ -249,6 +275,7 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, help="seconds over which the daemons start (default: one "
                     "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
+    ap.add_argument("--slice-answers", action="store_true", help="RECYCLE_SLICE_ANSWERS=true for the server")
     args = ap.parse_args()
     # The generator holds 8,192 connections and tasks: with the default thresholds its own full
     # collections paused it for 1.0-1.3 s (gc callbacks), which the beats it timed then included.
@@ -270,7 +297,8 @@ def main() -> None:
             args.profile.mkdir(parents=True, exist_ok=True)
             profiled = str(Path(__file__).with_name("profiled.py"))
             run_as = (*launcher, profiled, str(args.profile / f"{case}.prof"))
-        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false",
+        extra = {"RECYCLE_SLICE_ANSWERS": "true"} if args.slice_answers else {}
+        proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false", **extra,
                                         RECYCLE_SOLVE_DEADLINE_S="600", RECYCLE_API_TOKEN=TOKEN)
         try:
             with httpx.Client(base_url=url, timeout=300, headers=ADMIN) as c:
@@ -286,7 +314,8 @@ def main() -> None:
                     assert plan["status"] == "done", plan
                     progress("failure's plan precomputed")
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
-                                             args.after, args.ramp if args.ramp is not None else interval))
+                                             args.after, args.ramp if args.ramp is not None else interval,
+                                             proc.pid))
         except BaseException:
             log = (Path(_tmp.name) / "service.log").read_text().splitlines()
             changes = [line for line in log if '"generation changed"' in line or '"level": "error"' in line]
@@ -296,6 +325,10 @@ def main() -> None:
             raise
         finally:
             stop_service(proc)
+            if case in results:  # the server's side of the wake-up: answers held back in slices
+                log = (Path(_tmp.name) / "service.log").read_text().splitlines()
+                results[case]["server_sliced_answers"] = [
+                    json.loads(line) for line in log if '"answers sliced"' in line][:5]
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
                       "heartbeat_interval_s": interval, **results}, indent=2))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from api.deps import Authorized, ServicesDep
@@ -33,4 +33,4 @@ async def healthz(services: ServicesDep) -> Health:
 @metrics_router.get("/metrics", response_class=Response,
                     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(services: ServicesDep) -> Response:
-    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(services.metrics.export(), media_type=CONTENT_TYPE_LATEST)

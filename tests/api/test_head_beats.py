@@ -60,7 +60,7 @@ def connection(quick):
     return protocol, transport, state, reached
 
 
-def beats_only(method, url, headers):
+def beats_only(method, url, headers, memo):
     return b'{"beat":true}' if method == b"POST" and url.endswith(b"/heartbeat") else None
 
 
@@ -93,7 +93,7 @@ def test_a_beat_behind_an_unanswered_request_waits_its_turn():
 
 def test_what_the_hook_declines_goes_to_the_app():
     async def run():
-        protocol, transport, state, reached = connection(lambda method, url, headers: None)
+        protocol, transport, state, reached = connection(lambda method, url, headers, memo: None)
         protocol.data_received(BEAT)
         await asyncio.sleep(0)
         assert len(reached) == 1 and reached[0]["path"] == "/v1/jobs/j/workers/0/1/heartbeat"
@@ -109,11 +109,16 @@ def test_head_beats_of_a_real_server_are_answered_and_counted(server, client):
     assert client.post(path, json={"pid": 7}).status_code == 200  # registers (through the app)
     route = 'route="/v1/jobs/{job_id}/workers/{pipeline}/{stage}/heartbeat"'
     before = metric(client, f'recycle_http_requests_total{{method="POST",{route},status="200"}}')
+    timed_before = metric(client, f'recycle_http_request_seconds_count{{{route}}}')
     with httpx.Client(base_url=server.url, timeout=10) as beats:  # one keep-alive connection
         for _ in range(3):
             r = beats.post(path)
             assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            assert r.headers["server"] == "uvicorn" and r.headers["date"].endswith(" GMT")  # as the app's
             body = r.json()
             assert body["worker"] == [1, 0] and body["excluded"] is False and body["generation"] >= 1
     after = metric(client, f'recycle_http_requests_total{{method="POST",{route},status="200"}}')
     assert after - before == 3
+    # ... and timed: counted outside the registry per beat, flushed into it before the export
+    timed = metric(client, f'recycle_http_request_seconds_count{{{route}}}')
+    assert timed - timed_before == 3

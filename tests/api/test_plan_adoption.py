@@ -19,6 +19,7 @@ from api.metrics import Metrics
 from api.settings import Settings
 from api.store import PlanRow, Store
 from api.tokens import Caller
+from api.turns import Turns
 from planner.spec import JobSpec
 
 ADMIN = Caller(admin=True)
@@ -112,6 +113,9 @@ class FakePlans:
     async def get(self, job, plan_id):
         self.got.append(plan_id)
         return self.rows[plan_id]
+
+    async def streams(self, job, plan):
+        return {(p, s): b'{"ops":[]}' for p in range(JOB.pipelines) for s in range(JOB.stages)}
 
 
 async def until(predicate, what: str, timeout_s: float = 30.0) -> None:
@@ -254,3 +258,48 @@ def test_a_failure_set_whose_full_solve_failed_still_runs_its_quick_plan(setup):
         assert (live.m.generation, live.m.status, live.m.plan_id) == (2, "running", quick_id)
 
     asyncio.run(scenario())
+
+
+def test_the_polls_a_change_wakes_are_answered_a_slice_per_loop_iteration(setup):
+    """After a change every alive worker's poll wakes at once; their answers go out two per loop
+    iteration here (`Coordinator.turns`), so the sockets are read between slices (at 4,096 daemons
+    all answers went out in one iteration while beats waited)."""
+    store, job, plans, coordinator = setup
+    coordinator.turns = Turns(2)
+
+    async def scenario():
+        await coordinator.live(job)
+        iteration, stop, answered = [0], asyncio.Event(), []
+
+        def tick() -> None:  # counts loop iterations
+            iteration[0] += 1
+            if not stop.is_set():
+                asyncio.get_running_loop().call_soon(tick)
+
+        async def poll(worker) -> None:
+            body = await coordinator.assignment(job, worker, 1, 30.0)
+            assert body is not None and b'"generation":2' in body
+            answered.append(iteration[0])
+
+        workers = [(p, s) for p in range(4) for s in range(4) if (p, s) != (1, 1)]
+        polls = asyncio.gather(*(poll(w) for w in workers))
+        await asyncio.sleep(0.01)  # every poll parked on generation 1
+        asyncio.get_running_loop().call_soon(tick)
+        await coordinator.report_failure(job, (1, 1), None, None, ADMIN)
+        plans.finish("quick", {(1, 1)}, 100.0)
+        await asyncio.wait_for(polls, 10)
+        stop.set()
+        per_iteration: dict[int, int] = {}
+        for it in answered:
+            per_iteration[it] = per_iteration.get(it, 0) + 1
+        assert len(answered) == 15 and max(per_iteration.values()) <= 2, per_iteration
+
+    asyncio.run(scenario())
+
+
+def test_slicing_the_answers_is_opt_in(setup, tmp_path):
+    store, job, plans, coordinator = setup
+    assert coordinator.turns is None  # the default: every answer of a wake-up at once
+    sliced = Coordinator(Settings(database_url=f"sqlite:///{tmp_path / 'adopt.db'}", slice_answers=True),
+                         store, plans, Metrics())
+    assert isinstance(sliced.turns, Turns) and sliced.turns.per_turn > 1
