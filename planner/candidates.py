@@ -169,7 +169,11 @@ def best_heuristic(
         if dropped is not None:
             from planner.fault_free import fault_free_plan, replicate
 
-            dropped_ops = replicate(dropped, fault_free_plan(dropped).ops)
+            # Within a budget the dropped job's CP-SAT step gets what is left of it (at least 1 s):
+            # its deterministic time alone ran for minutes of wall on a loaded box.
+            left = budget_s - (time.perf_counter() - started)
+            cap = None if budget_s == float("inf") else max(1.0, left)
+            dropped_ops = replicate(dropped, fault_free_plan(dropped, wall_cap_s=cap).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far

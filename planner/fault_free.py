@@ -78,8 +78,12 @@ def canonical_hash(job: JobSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None) -> FaultFreePlan:
-    """The job's fault-free plan (one pipeline), from the cache or solved once."""
+def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
+                    wall_cap_s: float | None = None) -> FaultFreePlan:
+    """The job's fault-free plan (one pipeline), from the cache or solved once. `wall_cap_s` caps
+    the CP-SAT step's wall time below `CP_WALL_CAP_S` (a solve with a time limit asking for the
+    dropped job's plan); a plan made when a cap was hit is kept in no cache, so the deterministic
+    plan is still what a caller with time gets."""
     key = canonical_hash(job)
     with _lock:
         hit = _memory.get((key, method()))
@@ -88,14 +92,16 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None) ->
     folder = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
     found = _read(Path(folder) / f"{key}.json", key) if folder else None
     if found is None:
-        found = _solve(job, key)
-        if folder and found.cacheable:
+        found = _solve(job, key, CP_WALL_CAP_S if wall_cap_s is None else min(CP_WALL_CAP_S, wall_cap_s))
+        if not found.cacheable:
+            return found
+        if folder:
             _write(Path(folder), found)
     with _lock:
         return _memory.setdefault((key, method()), found)
 
 
-def _solve(job: JobSpec, key: str) -> FaultFreePlan:
+def _solve(job: JobSpec, key: str, wall_cap_s: float = CP_WALL_CAP_S) -> FaultFreePlan:
     from planner.bounds import lower_bound
     from planner.candidates import SearchInfo, best_heuristic
 
@@ -109,7 +115,7 @@ def _solve(job: JobSpec, key: str) -> FaultFreePlan:
         from planner.simulator import replay
 
         if single.op_count <= cpsat.FULL_MAX_OPS:
-            result = cpsat.improve(single, (), ops, period, bound, CP_WALL_CAP_S, CP_SEED,
+            result = cpsat.improve(single, (), ops, period, bound, wall_cap_s, CP_SEED,
                                    deterministic_time=CP_DETERMINISTIC_S)
             cacheable = not result.parameters.get("wall_cap_hit", False)
             if result.ops is not None:

@@ -95,3 +95,31 @@ def test_separate_processes_report_the_same_fault_free_period(tmp_path):
     third = _in_process([[[0, 0], [1, 1]]])  # no disk cache: solves again, same answer
     assert len(set(first + second + third)) == 1, (first, second, third)
     assert json.loads(cached.read_text())["iteration_ms"] == first[0]
+
+
+
+def test_a_wall_capped_fault_free_plan_is_cached_nowhere(with_cp, monkeypatch, tmp_path):
+    """A solve with a time limit caps the dropped job's CP-SAT step by its wall time; a plan made
+    when the cap was hit may be worse than the deterministic one, so it must not be what the next
+    caller gets, in this process or from the disk cache."""
+    from planner.cp import cpsat
+
+    job = JobSpec.parse(CP_HELPS)
+    real_improve = cpsat.improve
+    caps = []
+
+    def cut(*args, **kwargs):
+        caps.append(args[5])  # the wall limit the CP-SAT step was given
+        result = real_improve(*args, **kwargs)
+        result.parameters["wall_cap_hit"] = True  # as if the cap had cut it short
+        return result
+
+    monkeypatch.setattr(cpsat, "improve", cut)
+    ff.fault_free_plan(job, cache_dir=tmp_path, wall_cap_s=0.5)
+    assert caps == [0.5]
+    assert not list(tmp_path.glob("*.json")) and not ff._memory
+    monkeypatch.setattr(cpsat, "improve", lambda *a, **k: caps.append(a[5]) or real_improve(*a, **k))
+    deterministic = ff.fault_free_plan(job, cache_dir=tmp_path)
+    assert caps == [0.5, ff.CP_WALL_CAP_S]  # solved again, with the full cap
+    assert deterministic.cacheable
+    assert len(list(tmp_path.glob("*.json"))) == 1 and len(ff._memory) == 1
