@@ -36,10 +36,16 @@ def validate(job: JobSpec, failed: Sequence[Worker], ops: Sequence[Op]) -> list[
     A valid plan is recognised on arrays first (`_valid_on_arrays`: the same comparisons, ~5x
     faster at 100k ops); anything else goes through the per-op checks below, which name each
     violation."""
-    costs = job.costs
     dead = set(map(tuple, failed))
     if _valid_on_arrays(job, dead, ops):
         return []
+    return per_op_violations(job, dead, ops)
+
+
+def per_op_violations(job: JobSpec, dead: set, ops: Sequence[Op]) -> list[str]:
+    """The six rules checked op by op, each violation named: what `validate` returns for a plan
+    the array check did not show valid (and the reference the array check is tested against)."""
+    costs = job.costs
     problems: list[str] = []
     where: dict[tuple[str, int, int, int], Op] = {}
     durations: dict[tuple[str, int], float] = {}  # costs.duration, looked up once per (kind, stage)
