@@ -4,9 +4,9 @@ saturated loop has not read as failed").
 
 The server (the real app, protocol and uvloop, on 127.0.0.1) runs in a thread of this process so
 the test can stall its event loop for real: a connection to a second listener on the same loop
-whose `data_received` blocks for 0.9 s, i.e. a stall in the loop's I/O phase, as a long request
-handler is. With heartbeats every 1.0 s and a timeout of 1.5 s the worker's last beat was read
-0.7 s before the stall and its next beat arrives during it: 1.6 s after the last read beat the
+whose `data_received` blocks for 1.8 s, i.e. a stall in the loop's I/O phase, as a long request
+handler is. With heartbeats every 2.0 s and a timeout of 3.0 s the worker's last beat was read
+1.4 s before the stall and its next beat arrives during it: 3.2 s after the last read beat the
 loop comes back, with a live worker's beat waiting. The stall is shorter than one heartbeat
 interval, so the watchdog does not take it for a stall of the service (`Membership.excuse`), and
 libuv runs due timers before it polls the sockets again: the watchdog judged the silence before
@@ -30,7 +30,10 @@ from api.settings import Settings
 
 uvloop = pytest.importorskip("uvloop")
 
-INTERVAL, TIMEOUT, BEFORE_STALL, STALL = 1.0, 1.5, 0.7, 0.9
+INTERVAL, TIMEOUT, BEFORE_STALL, STALL = 2.0, 3.0, 1.4, 1.8
+# BEFORE_STALL + STALL > TIMEOUT (the silence outlasts the timeout by 0.2 s when the loop comes back),
+# STALL < INTERVAL (not excused as a stall of the service), and the beater thread has
+# TIMEOUT - INTERVAL = 1 s of slack for a loaded CI box.
 
 
 class Stall(asyncio.Protocol):
@@ -80,7 +83,7 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
                 time.sleep(2 * INTERVAL)  # steady beats
                 seen = len(answered)
                 _until(lambda: len(answered) > seen, 10, "a beat answered")
-                time.sleep(BEFORE_STALL)  # the next beat is due 0.3 s into the stall
+                time.sleep(BEFORE_STALL)  # the next beat is due 0.6 s into the stall
                 with socket.create_connection(("127.0.0.1", stall_port), timeout=10) as s:
                     s.sendall(b"stall")
                     time.sleep(STALL + 2 * INTERVAL)  # the stall, then beats read again
