@@ -95,28 +95,53 @@ def test_export_flushes_what_was_counted_outside_the_registry():
     assert b'recycle_http_requests_total{method="POST",route="/r",status="200"} 3.0' in m.export()
 
 
+class TurnsLoop:
+    """Callers passing through `turns` on the running loop, each recorded with the loop iteration it
+    went through in (one `call_soon` chain link per iteration). `each_iteration` and `each_caller`
+    advance the tests' fake clocks: the loop's other work, and a caller's once it is through."""
+
+    def __init__(self, turns: Turns, each_iteration=lambda: None, each_caller=lambda: None):
+        self.turns, self.each_iteration, self.each_caller = turns, each_iteration, each_caller
+        self.passed: list[tuple[int, int]] = []
+        self.iteration, self.stop = 0, asyncio.Event()
+
+    def start(self) -> None:
+        self.stop.clear()
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.iteration += 1
+        self.each_iteration()
+        if not self.stop.is_set():
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    async def _take(self, i: int) -> None:
+        await self.turns.take()
+        self.passed.append((i, self.iteration))
+        self.each_caller()
+
+    async def take_all(self, callers: int) -> None:
+        await asyncio.wait_for(asyncio.gather(*(self._take(i) for i in range(callers))), 5)
+
+    def order(self) -> list[int]:
+        return [i for i, _ in self.passed]
+
+    def slices(self) -> list[int]:
+        """How many callers went through in each iteration that let any through, in order."""
+        sizes: dict[int, int] = {}
+        for _, it in self.passed:
+            sizes[it] = sizes.get(it, 0) + 1
+        return [sizes[it] for it in sorted(sizes)]
+
+
 def test_turns_let_a_share_through_per_loop_iteration_in_arrival_order():
     async def run():
-        turns, passed, iteration = Turns(2), [], [0]
-        stop = asyncio.Event()
-
-        def tick() -> None:  # counts loop iterations: one call_soon chain link per iteration
-            iteration[0] += 1
-            if not stop.is_set():
-                asyncio.get_running_loop().call_soon(tick)
-
-        async def taker(i: int) -> None:
-            await turns.take()
-            passed.append((i, iteration[0]))
-
-        asyncio.get_running_loop().call_soon(tick)
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(7))), 5)
-        stop.set()
-        assert [i for i, _ in passed] == list(range(7))
-        per_iteration: dict[int, int] = {}
-        for _, it in passed:
-            per_iteration[it] = per_iteration.get(it, 0) + 1
-        assert max(per_iteration.values()) <= 2 and len(per_iteration) >= 4
+        loop = TurnsLoop(Turns(2))
+        loop.start()
+        await loop.take_all(7)
+        loop.stop.set()
+        assert loop.order() == list(range(7))
+        assert max(loop.slices()) <= 2 and len(loop.slices()) >= 4
     asyncio.run(run())
 
 
@@ -126,27 +151,13 @@ def test_a_slice_ends_when_its_time_budget_is_used():
     fewer than the count (5) allows; order is kept across the cut."""
     async def run():
         now = [0.0]
-        turns, passed, iteration = Turns(5, budget_s=3.0, clock=lambda: now[0]), [], [0]
-        stop = asyncio.Event()
-
-        def tick() -> None:
-            iteration[0] += 1
-            if not stop.is_set():
-                asyncio.get_running_loop().call_soon(tick)
-
-        async def taker(i: int) -> None:
-            await turns.take()
-            passed.append((i, iteration[0]))
-            now[0] += 1.0
-
-        asyncio.get_running_loop().call_soon(tick)
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(10))), 5)
-        stop.set()
-        assert [i for i, _ in passed] == list(range(10))
-        per_iteration: dict[int, int] = {}
-        for _, it in passed:
-            per_iteration[it] = per_iteration.get(it, 0) + 1
-        assert max(per_iteration.values()) == 4 and len(per_iteration) == 3, per_iteration
+        loop = TurnsLoop(Turns(5, budget_s=3.0, clock=lambda: now[0]),
+                         each_caller=lambda: now.__setitem__(0, now[0] + 1.0))
+        loop.start()
+        await loop.take_all(10)
+        loop.stop.set()
+        assert loop.order() == list(range(10))
+        assert max(loop.slices()) == 4 and len(loop.slices()) == 3, loop.slices()
     asyncio.run(run())
 
 
@@ -156,37 +167,23 @@ def test_a_busy_loop_gives_the_slices_as_long_as_the_rest_up_to_the_most():
     the other work since the previous slice (10 or more), capped at 4: callers at 0 .. 4."""
     async def run():
         now = [0.0]
-        turns = Turns(100, budget_s=2.0, max_budget_s=4.0, clock=lambda: now[0])
-        passed, iteration, stop = [], [0], asyncio.Event()
-
-        def tick() -> None:
-            iteration[0] += 1
-            now[0] += 5.0
-            if not stop.is_set():
-                asyncio.get_running_loop().call_soon(tick)
-
-        async def taker(i: int) -> None:
-            await turns.take()
-            passed.append((i, iteration[0]))
-            now[0] += 1.0
-
-        asyncio.get_running_loop().call_soon(tick)
+        loop = TurnsLoop(Turns(100, budget_s=2.0, max_budget_s=4.0, clock=lambda: now[0]),
+                         each_iteration=lambda: now.__setitem__(0, now[0] + 5.0),
+                         each_caller=lambda: now.__setitem__(0, now[0] + 1.0))
+        loop.start()
         await asyncio.sleep(0)
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(13))), 5)
-        stop.set()
-        assert [i for i, _ in passed] == list(range(13))
-        sizes: dict[int, int] = {}
-        for _, it in passed:
-            sizes[it] = sizes.get(it, 0) + 1
-        assert [sizes[it] for it in sorted(sizes)] == [3, 5, 5], sizes
+        await loop.take_all(13)
+        loop.stop.set()
+        assert loop.order() == list(range(13))
+        assert loop.slices() == [3, 5, 5], loop.slices()
         # A later backlog starts at the base budget again, however busy the loop was meanwhile.
-        stop.clear()
-        asyncio.get_running_loop().call_soon(tick)
+        loop.start()
         for _ in range(3):
             await asyncio.sleep(0)
-        passed.clear()
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(5))), 5)
-        stop.set()
+        loop.passed.clear()
+        await loop.take_all(5)
+        loop.stop.set()
+        passed = loop.passed
         assert len({it for _, it in passed[:3]}) == 1 and passed[3][1] > passed[2][1], passed
     asyncio.run(run())
 
@@ -198,38 +195,22 @@ def test_a_backlog_older_than_hurry_after_goes_at_once():
     async def run():
         wall, cpu = [0.0], [0.0]  # each caller through takes 1 unit of CPU; a slice's budget is 1.5
         turns = Turns(2, budget_s=1.5, hurry_after_s=5.0, clock=lambda: cpu[0], wall=lambda: wall[0])
-        passed, iteration, stop, drained = [], [0], asyncio.Event(), []
+        drained = []
         turns.drained = lambda n, seconds, hurried: drained.append((n, seconds, hurried))
-
-        def tick() -> None:
-            iteration[0] += 1
-            wall[0] += 1.0
-            if not stop.is_set():
-                asyncio.get_running_loop().call_soon(tick)
-
-        async def taker(i: int) -> None:
-            await turns.take()
-            passed.append((i, iteration[0]))
-            cpu[0] += 1.0
-
-        def slices() -> list[int]:
-            sizes: dict[int, int] = {}
-            for _, it in passed:
-                sizes[it] = sizes.get(it, 0) + 1
-            return [sizes[it] for it in sorted(sizes)]
-
-        asyncio.get_running_loop().call_soon(tick)
+        loop = TurnsLoop(turns, each_iteration=lambda: wall.__setitem__(0, wall[0] + 1.0),
+                         each_caller=lambda: cpu.__setitem__(0, cpu[0] + 1.0))
+        loop.start()
         await asyncio.sleep(0)
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(30))), 5)
-        assert [i for i, _ in passed] == list(range(30))
-        counts = slices()  # hurried: past the count and the budget
+        await loop.take_all(30)
+        assert loop.order() == list(range(30))
+        counts = loop.slices()  # hurried: past the count and the budget
         assert all(n <= 2 for n in counts[:-1]) and counts[-1] > 2 and 4 <= len(counts) <= 8, counts
         for _ in range(3):  # the backlog is over; the wall clock goes on
             await asyncio.sleep(0)
-        passed.clear()
-        await asyncio.wait_for(asyncio.gather(*(taker(i) for i in range(6))), 5)
-        stop.set()
-        assert slices() == [2, 2, 2], slices()  # a new backlog is young again
+        loop.passed.clear()
+        await loop.take_all(6)
+        loop.stop.set()
+        assert loop.slices() == [2, 2, 2], loop.slices()  # a new backlog is young again
         # Each backlog reported once, with those that waited (all but the first slice's two).
         assert [n for n, _, _ in drained] == [28, 4] and all(seconds > 0 for _, seconds, _ in drained)
         assert drained[0][2] == counts[-1] and drained[1][2] == 0  # the hurried slice, none later
