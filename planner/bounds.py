@@ -117,6 +117,14 @@ def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, f
     return min(stretches, default=n * (f + b) + fill)
 
 
+def stage_hops(costs: StageCosts, stages: int) -> list[float]:
+    """`hop_s`, the least delay of a hop between stages s and s + 1, same or cross pipeline. The
+    contract lets a validator read a per-stage hop as either stage's entry; the smallest of the two
+    stages' entries keeps a bound valid under every reading."""
+    return [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
+            for s in range(stages - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     value_ms: float
@@ -137,10 +145,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         dead = set(map(tuple, failed))
         alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
         busiest = [-(-D * M // a) for a in alive]
-    hop = [min(costs.p2p[s], costs.cross_p2p[s], costs.p2p[s + 1], costs.cross_p2p[s + 1])
-           for s in range(S - 1)]
-    # The contract lets a validator read a per-stage hop as either stage's entry; the smallest of the
-    # two stages' entries keeps the bound valid under every reading.
+    hop = stage_hops(costs, S)
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
     capacity = [holds(costs, s, busiest[s]) for s in range(S)]

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.bounds import MEMORY_TOLERANCE_MB, Bound, holds
+from planner.bounds import MEMORY_TOLERANCE_MB, Bound, holds, stage_hops
 from planner.spec import JobSpec, StageCosts, Worker
+
+Kinds = list[tuple[int, Callable[[int], float]]]
+"""(how many workers, g of one of them) per kind of worker at a stage, the cut kind first."""
 
 
 def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Callable[[int], float]:
@@ -64,7 +67,7 @@ def _served(g: Callable[[int], float], period: float, most: int) -> int:
     return lo
 
 
-def _least_period(kinds: list[tuple[int, Callable[[int], float]]], total: int) -> float:
+def _least_period(kinds: Kinds, total: int) -> float:
     """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
     def covers(period: float) -> bool:
         return sum(count * _served(g, period, total) for count, g in kinds) >= total
@@ -84,21 +87,23 @@ def _least_period(kinds: list[tuple[int, Callable[[int], float]]], total: int) -
     return best
 
 
-def _stage_kinds(job: JobSpec, dead: set, s: int):
-    """(cut count, g of a cut worker or None, other count, g of the others) at stage s."""
+def _stage_kinds(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int, Kinds]:
+    """(how many stage-s workers are cut from the next stage, the stage's kinds of worker)."""
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
     f, b = costs.forward, costs.backward_input
-    hop = [min(costs.p2p[t], costs.cross_p2p[t], costs.p2p[t + 1], costs.cross_p2p[t + 1])
-           for t in range(S - 1)]
     alive = [p for p in range(job.pipelines) if (p, s) not in dead]
     last = s == S - 1
     cut = 0 if last else sum(1 for p in alive if (p, s + 1) in dead)
     rest = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s + 1:])
-    cross = 0.0 if last else min(costs.cross_p2p[s], costs.cross_p2p[s + 1])
-    g_cut = per_worker_bound(costs, s, rest + 2 * cross, total) if cut else None
-    own = rest if last else rest + 2 * hop[s]
-    return cut, g_cut, len(alive) - cut, per_worker_bound(costs, s, own, total)
+    kinds: Kinds = []
+    if cut:
+        cross = min(costs.cross_p2p[s], costs.cross_p2p[s + 1])
+        kinds.append((cut, per_worker_bound(costs, s, rest + 2 * cross, total)))
+    if len(alive) > cut:
+        own = rest if last else rest + 2 * hop[s]
+        kinds.append((len(alive) - cut, per_worker_bound(costs, s, own, total)))
+    return cut, kinds
 
 
 def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:
@@ -107,13 +112,13 @@ def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
     them as the `keep` of mixes (`planner.routing.mixed_routing`)."""
     dead = set(map(tuple, failed))
     total = job.pipelines * job.microbatches
+    hop = stage_hops(job.costs, job.stages)
     shares = set()
     for s in range(job.stages - 1):
-        cut, g_cut, others, g = _stage_kinds(job, dead, s)
-        if not cut:
-            continue
-        kinds = [(cut, g_cut)] + ([(others, g)] if others else [])
-        shares.add(min(job.microbatches, _served(g_cut, _least_period(kinds, total), total)))
+        cut, kinds = _stage_kinds(job, dead, s, hop)
+        if cut:
+            g_cut = kinds[0][1]
+            shares.add(min(job.microbatches, _served(g_cut, _least_period(kinds, total), total)))
     return sorted(shares)
 
 
@@ -122,14 +127,15 @@ def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bo
     which adds to bound 3 only the one-at-a-time term."""
     dead = set(map(tuple, failed))
     total = job.pipelines * job.microbatches
+    hop = stage_hops(job.costs, job.stages)
     best = Bound(0.0, "")
     for s in range(job.stages):
-        cut, g_cut, others, g = _stage_kinds(job, dead, s)
-        kinds = ([(cut, g_cut)] if cut else []) + ([(others, g)] if others else [])
+        cut, kinds = _stage_kinds(job, dead, s, hop)
         value = _least_period(kinds, total)
         if value > best.value_ms:
-            best = Bound(value, f"sharing at stage {s}: {cut} of {cut + others} workers cut from the "
+            alive = sum(count for count, _ in kinds)
+            best = Bound(value, f"sharing at stage {s}: {cut} of {alive} workers cut from the "
                                 f"next stage, {total} micro-batches" if cut else
-                                f"one at a time at stage {s}: {total} micro-batches on {others} "
+                                f"one at a time at stage {s}: {total} micro-batches on {alive} "
                                 f"workers")
     return best
