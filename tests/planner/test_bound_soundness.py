@@ -46,11 +46,13 @@ def cases(draw, max_d=3, max_s=3, max_m=4):
     return job, failed, draw(st.integers(0, 2**31))
 
 
-def random_valid_periods(job, failed, seed, count):
+def random_valid_periods(job, failed, seed, count, stay_home=lambda rng: rng.random()):
+    """Replayed periods of `count` random valid plans, each checked by the validator; `stay_home(rng)`
+    draws each plan's chance of serving a micro-batch on its home pipeline."""
     rng = random.Random(seed)
     periods = []
     for i in range(count):
-        ops = random_plan(job, failed, rng, stay_home=rng.random(), w_late=rng.random())
+        ops = random_plan(job, failed, rng, stay_home=stay_home(rng), w_late=rng.random())
         if ops is None:
             continue
         assert validate(job, failed, ops) == [], f"random plan {i} invalid"
