@@ -101,7 +101,7 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
         return _memory.setdefault((key, method()), found)
 
 
-def _solve(job: JobSpec, key: str, wall_cap_s: float = CP_WALL_CAP_S) -> FaultFreePlan:
+def _solve(job: JobSpec, key: str, wall_cap_s: float) -> FaultFreePlan:
     from planner.bounds import lower_bound
     from planner.candidates import SearchInfo, best_heuristic
 
