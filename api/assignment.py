@@ -49,12 +49,14 @@ class StateBytes:
     """The membership state a heartbeat answers, serialized once per change of the state."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._head = b""
+        self._cached: tuple[tuple | None, bytes] = (None, b"")
+        """(state key, head): one attribute, replaced whole, as the heartbeat thread reads it too."""
 
     def body(self, job_id: str, m: Membership, worker: Worker) -> bytes:
         key = (m.generation, m.status, m.plan_id, m.reason, m.iteration_ms)
-        if key != self._key:
-            self._key, self._head = key, _dumps(m.state(job_id))
+        cached_key, head = self._cached
+        if key != cached_key:
+            head = _dumps(m.state(job_id))
+            self._cached = (key, head)
         excluded = b"true" if worker in m.failed else b"false"
-        return _splice(self._head, worker, b',"excluded":' + excluded)
+        return _splice(head, worker, b',"excluded":' + excluded)

@@ -194,10 +194,14 @@ class Coordinator(Replanning):
     def beat_now(self, job_id: str, worker: Worker, caller: Caller) -> bytes | None:
         """A heartbeat that changes nothing stored (a registered worker, beating as the process that
         registered it, sending no body), answered without the database or the framework; None:
-        anything else, for `heartbeat` to answer."""
+        anything else, for `heartbeat` to answer.
+
+        Also called on the heartbeat thread (`api.beat_loop`), so it only reads the membership and
+        overwrites the beat time of a worker already in `last_seen` (a new key would change the
+        dict's size under the watchdog's iteration on the main thread)."""
         live = self._members.get(job_id)
         if live is None or live.deleted or worker not in live.records or not live.m.in_job(worker) \
-                or not self._owner(live.m, worker, caller):
+                or worker not in live.m.last_seen or not self._owner(live.m, worker, caller):
             return None
         live.m.beat(worker, time.monotonic())
         return live.state_bytes.body(job_id, live.m, worker)

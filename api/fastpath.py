@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -118,7 +119,8 @@ class HeadBeats:
     217 s of a 335 s cProfile at 4,096 daemons; `FastPaths._beat` itself 85 s of it). Same rules
     as `FastPaths._beat`: anything else (a query, percent-encoding, a body, another credential,
     an unknown or unloaded worker) returns None and goes the usual way. Counted in the request
-    metrics under the heartbeat route like any other request."""
+    metrics under the heartbeat route like any other request. Called from the main loop and from
+    the heartbeat thread (`api.beat_loop`): the counters are updated under a lock."""
 
     def __init__(self, service_app: FastAPI, token: str | None):
         self.service_app, self.token = service_app, token
@@ -127,6 +129,7 @@ class HeadBeats:
         self._seconds = 0.0
         self._buckets: list[int] = []
         self._bounds: tuple[float, ...] = ()
+        self._lock = threading.Lock()
 
     def __call__(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]],
                  memo: dict | None = None) -> bytes | None:
@@ -149,9 +152,11 @@ class HeadBeats:
         data = services.coordinator.beat_now(job_id, (int(match.group(2)), int(match.group(3))), caller)
         if data is not None:
             elapsed = time.perf_counter() - started
-            self._beats += 1
-            self._seconds += elapsed
-            self._buckets[bisect_left(self._bounds, elapsed)] += 1
+            bucket = bisect_left(self._bounds, elapsed)
+            with self._lock:
+                self._beats += 1
+                self._seconds += elapsed
+                self._buckets[bucket] += 1
         return data
 
     def _attach(self, services) -> None:
@@ -166,11 +171,12 @@ class HeadBeats:
         server time; counted here they cost an integer increment and a bisect."""
         if not self._beats or self._services is None:
             return
+        with self._lock:
+            beats, seconds, buckets = self._beats, self._seconds, self._buckets
+            self._beats, self._seconds, self._buckets = 0, 0.0, [0] * len(buckets)
         m = self._services.metrics
-        m.requests.labels("POST", _BEAT_ROUTE.path, "200").inc(self._beats)
-        m.add_observations(m.request_seconds.labels(_BEAT_ROUTE.path), self._buckets, self._seconds)
-        self._beats, self._seconds = 0, 0.0
-        self._buckets = [0] * len(self._buckets)
+        m.requests.labels("POST", _BEAT_ROUTE.path, "200").inc(beats)
+        m.add_observations(m.request_seconds.labels(_BEAT_ROUTE.path), buckets, seconds)
 
 
 class FastPaths:

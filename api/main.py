@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # environment): 15.6 of the 217 s the ASGI stack took in a cProfile of 4,096 daemons.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    app.state.metrics = metrics  # `recycle serve` adds the heartbeat thread's figures
     problems.install(app)
     openapi.install(app)
     app.include_router(ops.health_router)

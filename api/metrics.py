@@ -62,6 +62,15 @@ class Metrics:
             if n:
                 bucket.inc(n)
 
+    def watch_beat_loop(self, beat_loop) -> None:
+        """The heartbeat thread's figures (`api.beat_loop.BeatLoop`), read at export."""
+        gauge = Gauge("recycle_beat_thread", "Heartbeat thread: `connections` it serves now; since "
+                      "start, connections `adopted`, beats `answered`, connections `handed_back` to the "
+                      "main loop (a request it does not answer).", ["count"], registry=self.registry)
+        gauge.labels("connections").set_function(lambda: len(beat_loop.connections))
+        for name in ("adopted", "answered", "handed_back"):
+            gauge.labels(name).set_function(lambda name=name: getattr(beat_loop, name))
+
     def watch_size(self, cache: str, sized) -> None:
         self.cache_entries.labels(cache).set_function(lambda: len(sized))
 

@@ -12,11 +12,19 @@ closed, so half-open and trickling connections are not held. A body not complete
 worker's bodiless heartbeat - right when the head is parsed, without an ASGI task or request cycle;
 only on a keep-alive HTTP/1.1 connection with no earlier request still being answered (responses
 stay in order). Whatever it declines (None) goes to the app as usual.
+
+`beat_loop` (`api.beat_loop.BeatLoop`): a connection that has carried a `quick`-answered request
+and is idle afterwards (nothing pending either way) is handed to the heartbeat thread, which serves
+its later beats; what that thread cannot answer comes back here with its bytes (`_readopt`) and
+stays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import socket
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -28,6 +36,8 @@ class GuardedHttpTools(HttpToolsProtocol):
     max_headers = 100
     header_timeout_s = 10.0
     body_timeout_s = 30.0
+    beat_loop = None
+    """Optional `api.beat_loop.BeatLoop`: idle connections of head-answered beats move there."""
     quick = None
     """Optional `(method, url, headers, memo) -> bytes | None`: a 200 JSON answer from the head
     alone; `memo` is a dict of this connection's own, kept while it lives (`api.fastpath`)."""
@@ -43,10 +53,17 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._answered = False
         """The current request was answered from its head (`quick`): the app never sees it."""
         self._memo: dict = {}
+        self._adoptable = self.beat_loop is not None
+        self._handing_over = False
+        self._replay = b""
+        """Bytes this connection sent to the heartbeat thread that it could not answer (`_readopt`)."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._start_head_timer()
+        if self._replay:  # before the transport reads anything newer from the socket
+            data, self._replay = self._replay, b""
+            self.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
@@ -104,26 +121,42 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                 self.timeout_keep_alive_handler)
+            if self._adoptable and not self._handing_over:
+                self._handing_over = True
+                self.loop.call_soon(self._hand_over)  # after the parser has returned
         else:
             super().on_message_complete()
         # Whatever comes next on this connection is the next request's head.
         self._in_head, self._head_bytes, self._head_lines, self._tail = True, 0, 0, b""
 
-    # Helpers
-    _quick_heads: tuple = (None, b"")
+    # The heartbeat thread
+    def _hand_over(self) -> None:
+        """Give this connection to the heartbeat thread if nothing is pending on it; else try again
+        after its next head-answered beat."""
+        self._handing_over = False
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._rejected or not self._in_head \
+                or self._head_bytes or self.pipeline or transport.get_write_buffer_size() \
+                or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        sock = transport.get_extra_info("socket")
+        try:
+            fd = os.dup(sock.fileno())
+        except (OSError, AttributeError):
+            self._adoptable = False
+            return
+        self._adoptable = False
+        self._stop_head_timer()
+        self._unset_keepalive_if_required()
+        transport.pause_reading()
+        transport.abort()  # closes this loop's descriptor only; `fd` keeps the connection
+        self.beat_loop.adopt(fd, self._memo, functools.partial(
+            self.loop.call_soon_threadsafe, _readopt, type(self), self.config, self.server_state,
+            self.app_state, self.loop))
 
+    # Helpers
     def _quick_head(self) -> bytes:
-        """Status line, the server's default headers and the content type of a `quick` answer,
-        joined once per change of the default headers (uvicorn replaces that list when its `date`
-        changes, once a second), not per beat."""
-        defaults = self.server_state.default_headers
-        cached, head = GuardedHttpTools._quick_heads
-        if cached is not defaults:
-            head = b"".join([b"HTTP/1.1 200 OK\r\n",
-                             *(name + b": " + value + b"\r\n" for name, value in defaults),
-                             b"content-type: application/json\r\n"])
-            GuardedHttpTools._quick_heads = (defaults, head)
-        return head
+        return quick_head(self.server_state)
 
     def _start_head_timer(self) -> None:
         self._stop_head_timer()
@@ -164,17 +197,56 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.cycle is not None:  # the app (if any) reading this body learns the client is gone
             self.cycle.disconnected = True
             self.cycle.message_event.set()
-        body = ('{"type":"about:blank","title":"' + _REASONS[status].decode() + f'","status":{status},'
-                f'"detail":"{detail}"}}').encode()
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n"
-                             % (status, _REASONS[status], len(body)) + body)
+        self.transport.write(problem_response(status, detail))
         self.transport.close()
 
 
+_quick_heads: tuple = (None, b"")
+
+
+def quick_head(server_state) -> bytes:
+    """Status line, the server's default headers and the content type of a `quick` answer, joined
+    once per change of the default headers (uvicorn replaces that list when its `date` changes,
+    once a second), not per beat. One tuple swapped whole: the heartbeat thread reads it too."""
+    global _quick_heads
+    defaults = server_state.default_headers
+    cached, head = _quick_heads
+    if cached is not defaults:
+        head = b"".join([b"HTTP/1.1 200 OK\r\n",
+                         *(name + b": " + value + b"\r\n" for name, value in defaults),
+                         b"content-type: application/json\r\n"])
+        _quick_heads = (defaults, head)
+    return head
+
+
+def problem_response(status: int, detail: str) -> bytes:
+    """A whole 408 or 431 response that closes the connection, as a problem document."""
+    body = ('{"type":"about:blank","title":"' + _REASONS[status].decode() + f'","status":{status},'
+            f'"detail":"{detail}"}}').encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, _REASONS[status], len(body)) + body)
+
+
+def _readopt(cls: type, config, server_state, app_state, loop: asyncio.AbstractEventLoop, fd: int,
+             data: bytes) -> None:
+    """On the main loop: serve a connection the heartbeat thread handed back, starting with the
+    bytes it received and did not answer. It stays here (not adoptable again)."""
+    protocol = cls(config=config, server_state=server_state, app_state=app_state, _loop=loop)
+    protocol._adoptable = False
+    protocol._replay = data
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return
+    task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, sock))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or sock.close())
+
+
 def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float,
-                     body_timeout_s: float, quick=None) -> type:
+                     body_timeout_s: float, quick=None, beat_loop=None) -> type:
     return type("GuardedHttpToolsProtocol", (GuardedHttpTools,), {
         "max_header_bytes": max_header_bytes, "max_headers": max_headers,
         "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
-        "quick": staticmethod(quick) if quick is not None else None})
+        "quick": staticmethod(quick) if quick is not None else None,
+        "beat_loop": beat_loop if quick is not None else None})

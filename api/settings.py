@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         "sockets read between them (api.turns): beats wait less during a large wake-up, but on a "
         "loaded box the wake-up measured longer (docs/benchmarks.md, 4,096 daemons).")
 
+    beat_thread: bool = Field(
+        default=True, description="Serve the keep-alive connections of registered workers' bodiless "
+        "heartbeats on a thread of their own (api.beat_loop), so beats are not answered after "
+        "whatever else the main event loop is doing (`recycle serve` only).")
+
     heartbeat_interval_s: float = Field(default=1.0, gt=0, description="How often workers should beat.")
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="A registered worker silent this long is declared failed."

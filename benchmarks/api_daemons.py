@@ -276,6 +276,8 @@ def main() -> None:
                     "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     ap.add_argument("--slice-answers", action="store_true", help="RECYCLE_SLICE_ANSWERS=true for the server")
+    ap.add_argument("--no-beat-thread", action="store_true",
+                    help="RECYCLE_BEAT_THREAD=false: beats answered on the main event loop only")
     args = ap.parse_args()
     # The generator holds 8,192 connections and tasks: with the default thresholds its own full
     # collections paused it for 1.0-1.3 s (gc callbacks), which the beats it timed then included.
@@ -298,6 +300,7 @@ def main() -> None:
             profiled = str(Path(__file__).with_name("profiled.py"))
             run_as = (*launcher, profiled, str(args.profile / f"{case}.prof"))
         extra = {"RECYCLE_SLICE_ANSWERS": "true"} if args.slice_answers else {}
+        extra["RECYCLE_BEAT_THREAD"] = "false" if args.no_beat_thread else "true"
         proc, url, _tmp = start_service(run_as, RECYCLE_MAX_WAIT_S="300", RECYCLE_USE_CP="false", **extra,
                                         RECYCLE_SOLVE_DEADLINE_S="600", RECYCLE_API_TOKEN=TOKEN)
         try:
@@ -324,6 +327,14 @@ def main() -> None:
             print("\n".join(log)[-3000:], file=sys.stderr)
             raise
         finally:
+            if case in results:  # what the heartbeat thread did (api.beat_loop)
+                try:
+                    text = httpx.get(f"{url}/metrics", headers=ADMIN, timeout=30).text
+                    results[case]["server_beat_thread"] = {
+                        line.split('"')[1]: float(line.split()[-1])
+                        for line in text.splitlines() if line.startswith("recycle_beat_thread{")}
+                except httpx.HTTPError as exc:
+                    results[case]["server_beat_thread"] = f"metrics unreadable: {exc}"
             stop_service(proc)
             if case in results:  # the server's side of the wake-up: answers held back in slices
                 log = (Path(_tmp.name) / "service.log").read_text().splitlines()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+KEEP_ALIVE_S = 60
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -49,28 +51,48 @@ def run(args: argparse.Namespace) -> int:
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.api_token is None:
         print(f"recycle serve: warning: listening on {settings.host} without RECYCLE_API_TOKEN",
               file=sys.stderr)
-    from api.fastpath import HeadBeats
-    from api.protocol import guarded_protocol
-
     app = create_app(settings)
-    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
-    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s,
-                            settings.body_timeout_s, quick=HeadBeats(app, token))
+    http, beat_loop = http_protocol(app, settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), access_log=False, http=http,
                             timeout_graceful_shutdown=5, limit_concurrency=None, backlog=2048,
                             # Worker daemons keep one connection each and beat every second: with
                             # uvicorn's 5 s, a server busy for 5 s (4,095 answers after a failure at
                             # 4,096 daemons) closed thousands of them whose next beat was waiting.
-                            timeout_keep_alive=60,
+                            timeout_keep_alive=KEEP_ALIVE_S,
                             h11_max_incomplete_event_size=settings.max_header_bytes)
-    server = _server_class()(config)
+    server = server_class()(config)
+    server.beat_loop = beat_loop
     _quiet_gc()
     try:
+        if beat_loop is not None:
+            beat_loop.start(server.server_state)
         server.run()
     finally:
+        if beat_loop is not None:
+            beat_loop.stop()
         lease.close()
     return 0
+
+
+def http_protocol(app, settings, keep_alive_s: float = KEEP_ALIVE_S):
+    """uvicorn's HTTP protocol class for `app` with the service's limits and head-answered beats,
+    and the heartbeat thread (`api.beat_loop`; None when `settings.beat_thread` is off) that the
+    caller starts with the server's state and stops when it stops (`server_class` does)."""
+    from api.beat_loop import BeatLoop
+    from api.fastpath import HeadBeats
+    from api.protocol import guarded_protocol
+
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    quick = HeadBeats(app, token)
+    beat_loop = None
+    if settings.beat_thread:
+        beat_loop = BeatLoop(quick, keep_alive_s=keep_alive_s, header_timeout_s=settings.header_timeout_s,
+                             max_header_bytes=settings.max_header_bytes, max_headers=settings.max_headers)
+        app.state.metrics.watch_beat_loop(beat_loop)
+    http = guarded_protocol(settings.max_header_bytes, settings.max_headers, settings.header_timeout_s,
+                            settings.body_timeout_s, quick=quick, beat_loop=beat_loop)
+    return http, beat_loop
 
 
 def _quiet_gc() -> None:
@@ -91,12 +113,21 @@ def _quiet_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _server_class():
+def server_class():
     import asyncio
 
     import uvicorn
 
     class Server(uvicorn.Server):
+        beat_loop = None
+
+        async def shutdown(self, sockets=None) -> None:
+            """The heartbeat thread's connections close with the listeners, before uvicorn waits
+            for the main loop's connections to finish."""
+            if self.beat_loop is not None:
+                self.beat_loop.stop()
+            await super().shutdown(sockets)
+
         def handle_exit(self, sig, frame) -> None:
             """SIGTERM/SIGINT: answer the coordinator's long-polls before uvicorn starts closing
             connections (a signal handler runs on the loop's thread: schedule it, thread-safely)."""
