@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from api import logs
+from api import gc_pauses, logs
 from api.assignment import Payload, StateBytes
 from api.lru import LRU
 from api.membership import Membership, Timeouts
@@ -161,11 +161,13 @@ class Coordinator(Replanning):
         m = live.m
         if m.settled():
             live.payload, live.ready = Payload(live.job.id, m), None
+            gc_pauses.wake_up()
         live.notify()
 
     async def _fill(self, live: Live, payload: Payload) -> None:
         plan = await self.plans.get(live.job, live.m.plan_id)
         payload.streams = await self.plans.streams(live.job, plan)
+        gc_pauses.wake_up()  # the answers that waited for the streams go out now
 
     async def _change(self, live: Live, add: set[Worker], remove: set[Worker], cause: str) -> None:
         async with live.lock:  # the set is computed here: one taken before waiting would undo others'

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -89,40 +90,49 @@ class AliveCheck:
         return verdict
 
 
-async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
-                  warmup: float, after: float, ramp: float, server_pid: int | None = None) -> dict:
-    host, port = host_port(url)
-    beats: list[tuple[float, float]] = []  # (begun at, latency)
-    registering: list[float] = []  # each daemon's first beat: it registers (a database write)
-    held: dict[tuple, float] = {}
-    received: list[tuple[tuple, bytes]] = []  # each daemon's answer of the new generation, parsed
-    # whole once the run is over: parsing 4,095 streams here, one after another on one core, took
-    # 1.9 s (real daemons parse in parallel) and delayed reading every later answer and beat
-    errors = {"heartbeat": 0}
-    handling = [0.0]  # generator time parsing and checking assignment answers (a clean run: generation 2)
-    stop = asyncio.Event()
-    lags: list[float] = []
+def slow_beats(beats: list[tuple[float, float]], since: float, until: float, reported: float,
+               over_s: float = 0.1) -> dict:
+    """The beats (begun within [since, until)) slower than `over_s`: how many, and when the first
+    and the last of them began and were answered, in seconds from the failure report."""
+    slow = [(at, latency) for at, latency in beats if since <= at < until and latency > over_s]
+    if not slow:
+        return {"count": 0}
+    return {"count": len(slow), "first_begun_s": round(min(at for at, _ in slow) - reported, 3),
+            "last_begun_s": round(max(at for at, _ in slow) - reported, 3),
+            "last_answered_s": round(max(at + latency for at, latency in slow) - reported, 3)}
 
-    async def lag_monitor() -> None:
+
+class BeatSide:
+    """What the heartbeat side of the generator records (in the generator's process, or in a
+    process of its own with `--beats-apart`)."""
+
+    def __init__(self, host: str, port: int, job_id: str, token: str, interval: float):
+        self.host, self.port, self.job_id, self.token, self.interval = host, port, job_id, token, interval
+        self.beats: list[tuple[float, float]] = []  # (begun at, latency)
+        self.registering: list[float] = []  # each daemon's first beat: it registers (a database write)
+        self.errors = {"heartbeat": 0}
+        self.lags: list[tuple[float, float]] = []  # (begun at, how late)
+        self.stop = asyncio.Event()
+        self.opened = asyncio.Semaphore(256)  # open the connections without a SYN flood
+
+    async def connect(self) -> Connection:
+        async with self.opened:
+            return await Connection(self.host, self.port).open()
+
+    async def lag_monitor(self) -> None:
         # How late a 10 ms sleep wakes up: the generator's own event-loop delay.
-        while not stop.is_set():
+        while not self.stop.is_set():
             started = time.perf_counter()
             await asyncio.sleep(0.01)
-            lags.append(time.perf_counter() - started - 0.01)
+            self.lags.append((started, time.perf_counter() - started - 0.01))
 
-    monitor = asyncio.ensure_future(lag_monitor())
-    opened = asyncio.Semaphore(256)  # open the 2 x D connections without a SYN flood
-
-    async def connect() -> Connection:
-        async with opened:
-            return await Connection(host, port).open()
-
-    async def heartbeat(worker, offset: float) -> None:
+    async def heartbeat(self, worker, offset: float) -> None:
         p, s = worker
-        conn = await connect()
+        conn = await self.connect()
         await asyncio.sleep(offset)  # spread the beats over the interval, as independent daemons are
-        auth = {"Authorization": f"Bearer {token}"}
-        path = f"/v1/jobs/{job_id}/workers/{p}/{s}/heartbeat"
+        auth = {"Authorization": f"Bearer {self.token}"}
+        path = f"/v1/jobs/{self.job_id}/workers/{p}/{s}/heartbeat"
+        errors = self.errors
         while True:  # register; a refused or dropped attempt is counted and tried again
             started = time.perf_counter()
             try:
@@ -133,22 +143,74 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
                 break
             errors[f"register_{status}"] = errors.get(f"register_{status}", 0) + 1
             await conn.close()
-            conn = await connect()
-        registering.append(time.perf_counter() - started)
+            conn = await self.connect()
+        self.registering.append(time.perf_counter() - started)
         auth["X-Recycle-Registration"] = json.loads(answer)["registration"]
-        while not stop.is_set():
-            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+        while not self.stop.is_set():
+            await asyncio.sleep(max(0.0, self.interval - (time.perf_counter() - started)))
             started = time.perf_counter()
             try:
                 status, _ = await conn.request("POST", path, None, auth)
             except (ConnectionError, asyncio.IncompleteReadError, IndexError):
                 status = -1  # closed by the server: counted, and beat again on a new connection
                 await conn.close()
-                conn = await connect()
-            beats.append((started, time.perf_counter() - started))
+                conn = await self.connect()
+            self.beats.append((started, time.perf_counter() - started))
             if status != 200:
                 errors["heartbeat"] += 1
         await conn.close()
+
+    def start(self, workers: list, ramp: float) -> list:
+        n = len(workers)
+        return [asyncio.ensure_future(self.heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
+
+
+def beat_process(url: str, job_id: str, token: str, workers: list, interval: float, ramp: float,
+                 registered, stop, results) -> None:
+    """`--beats-apart`: the heartbeat side in a process of its own, as each real daemon's heartbeat
+    thread is apart from its assignment polling (`executor/membership.py`): beats are then not read
+    after the pollers' handling of a wake-up's 4,095 answers on the same event loop."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    run_loop(_beat_side(url, job_id, token, workers, interval, ramp, registered, stop, results))
+
+
+async def _beat_side(url, job_id, token, workers, interval, ramp, registered, stop, results) -> None:
+    host, port = host_port(url)
+    side = BeatSide(host, port, job_id, token, interval)
+    monitor = asyncio.ensure_future(side.lag_monitor())
+    beaters = side.start(workers, ramp)
+    while len(side.registering) < len(workers):
+        await asyncio.sleep(0.05)
+    registered.set()
+    while not stop.is_set():
+        await asyncio.sleep(0.02)
+    side.stop.set()
+    await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
+    results.send((side.beats, side.registering, side.errors, side.lags))
+
+
+async def daemons(url: str, job_id: str, token: str, workers: list, failed: list, interval: float,
+                  warmup: float, after: float, ramp: float, server_pid: int | None = None,
+                  beats_apart: bool = False) -> dict:
+    host, port = host_port(url)
+    side = BeatSide(host, port, job_id, token, interval)
+    beats, registering, errors, stop, lags = side.beats, side.registering, side.errors, side.stop, side.lags
+    held: dict[tuple, float] = {}
+    received: list[tuple[tuple, bytes]] = []  # each daemon's answer of the new generation, parsed
+    # whole once the run is over: parsing 4,095 streams here, one after another on one core, took
+    # 1.9 s (real daemons parse in parallel) and delayed reading every later answer and beat
+    handling = [0.0]  # generator time parsing and checking assignment answers (a clean run: generation 2)
+    monitor = asyncio.ensure_future(side.lag_monitor())
+    connect = side.connect
+    apart = None
+    if beats_apart:
+        context = multiprocessing.get_context("spawn")
+        registered_flag, stop_flag = context.Event(), context.Event()
+        receiving, sending = context.Pipe(duplex=False)
+        apart = context.Process(target=beat_process, args=(url, job_id, token, workers, interval, ramp,
+                                                           registered_flag, stop_flag, sending), daemon=True)
+        apart.start()
 
     async def poll(worker) -> None:
         """Long-poll as `executor/membership.py` does: a newer generation is held, then the next
@@ -185,23 +247,26 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     alive = [tuple(w) for w in workers if list(w) != failed]
     alive_check = AliveCheck(alive)
     n = len(workers)
-    beaters = [asyncio.ensure_future(heartbeat(w, ramp * i / n)) for i, w in enumerate(workers)]
+    beaters = [] if apart is not None else side.start(workers, ramp)
     pollers = [asyncio.ensure_future(poll(w)) for w in alive]
     deadline = time.perf_counter() + 300
-    while len(registering) < n:  # the start-up storm: every daemon registers (a database write)
+
+    def all_registered() -> bool:
+        return registered_flag.is_set() if apart is not None else len(registering) >= n
+
+    while not all_registered():  # the start-up storm: every daemon registers (a database write)
         assert time.perf_counter() < deadline, f"only {len(registering)} of {n} registered in 300 s"
+        assert apart is None or apart.is_alive(), "the heartbeat process ended"
         await asyncio.sleep(0.05)
     registered_at = time.perf_counter()
     cpu_registered = cpu_s(server_pid)
     progress(f"all {n} daemons registered ({errors}); {warmup:g} s of steady beats, then the failure")
     await asyncio.sleep(warmup)
-    window = sorted(b * 1000 for at, b in beats if at >= registered_at)
+    steady_ended = time.perf_counter()
     steady_cpu = cpu_s(server_pid) - cpu_registered
-    steady_wall = time.perf_counter() - registered_at
-    progress(f"steady window: {len(window) / warmup:.0f} beats/s, p50 {percentile(window, 0.5):.1f} ms, "
-             f"p99 {percentile(window, 0.99):.1f} ms, generator loop lag p99 "
-             f"{percentile([x * 1000 for x in lags], 0.99):.1f} ms, server CPU {steady_cpu:.2f} s of "
-             f"{steady_wall:.2f} s; reporting the failure")
+    steady_wall = steady_ended - registered_at
+    progress(f"steady window over: server CPU {steady_cpu:.2f} s of {steady_wall:.2f} s; "
+             "reporting the failure")
     report = await Connection(host, port).open()
     status, body = await report.request("GET", f"/v1/jobs/{job_id}/membership", None, ADMIN)
     before = json.loads(body)
@@ -224,6 +289,14 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
     stop.set()
     ended = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*beaters, monitor), timeout=60)
+    beat_lags: list[tuple[float, float]] = lags
+    if apart is not None:
+        stop_flag.set()
+        loop = asyncio.get_running_loop()
+        beats, registering, beat_errors, beat_lags = await asyncio.wait_for(
+            loop.run_in_executor(None, receiving.recv), timeout=120)
+        errors.update(beat_errors)
+        apart.join(30)
     for poller in pollers:  # parked in their next long-poll: nothing more to measure
         poller.cancel()
     await asyncio.gather(*pollers, return_exceptions=True)
@@ -238,11 +311,23 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             errors["wrong_alive"] = errors.get("wrong_alive", 0) + 1
     answer_bytes = [len(body) for _, body in received]
     # Steady state: every beat begun once all daemons had registered (the failure included).
-    ms = [b * 1000 for at, b in beats if at >= registered_at]
-    lag_ms = [x * 1000 for x in lags]
+    ms = [b * 1000 for at, b in beats if registered_at <= at < ended]
+    window = sorted(b * 1000 for at, b in beats if registered_at <= at < steady_ended)
+    lag_ms = [x * 1000 for _, x in lags]
+    beat_lag_ms = [x * 1000 for _, x in beat_lags]
+
+    def worst_lag_ms(samples: list[tuple[float, float]], since: float, until: float) -> float:
+        return round(max((x * 1000 for at, x in samples if since <= at < until), default=0.0), 1)
     startup_ms = [b * 1000 for at, b in beats if at < registered_at] or [0.0]
-    return {"generator_loop_lag_p50_ms": round(percentile(lag_ms, 0.50), 2),
+    return {"beats_apart": beats_apart,
+            "generator_loop_lag_p50_ms": round(percentile(lag_ms, 0.50), 2),
             "generator_loop_lag_p99_ms": round(percentile(lag_ms, 0.99), 2),
+            "beat_generator_loop_lag_p99_ms": round(percentile(beat_lag_ms, 0.99), 2),
+            # The longest either generator process was late between the report and 1 s after all held:
+            # beats begun then waited on the generator itself (it shares one core with --pin).
+            "wake_up_generator_lag_max_ms": {
+                "polls": worst_lag_ms(lags, reported, max(held.values()) + 1.0),
+                "beats": worst_lag_ms(beat_lags, reported, max(held.values()) + 1.0)},
             "all_registered_s": round(registered_at - started_at, 2),
             "registering_beat_p99_ms": round(percentile([r * 1000 for r in registering], 0.99), 2),
             "startup_heartbeat_p99_ms": round(percentile(startup_ms, 0.99), 2),
@@ -254,6 +339,8 @@ async def daemons(url: str, job_id: str, token: str, workers: list, failed: list
             "steady_server_cpu_us_per_beat": round(steady_cpu / max(1, len(window)) * 1e6, 1)
             if server_pid else None,
             "wake_up_server_cpu_s": round(wake_cpu, 3) if server_pid else None,
+            # When the beats over the bar began, from the failure report (seconds): which phase held them.
+            "slow_beats": slow_beats(beats, registered_at, ended, reported),
             "heartbeat_p50_ms": round(percentile(ms, 0.50), 2),
             "heartbeat_p99_ms": round(percentile(ms, 0.99), 2), "heartbeat_max_ms": round(max(ms), 2),
             "all_hold_new_stream_s": round(max(held.values()) - reported, 3),
@@ -276,6 +363,10 @@ def main() -> None:
                     "heartbeat interval, all at once)")
     ap.add_argument("--profile", type=Path, help="run the server under cProfile, .prof files here")
     ap.add_argument("--slice-answers", action="store_true", help="RECYCLE_SLICE_ANSWERS=true for the server")
+    ap.add_argument("--beats-apart", action="store_true",
+                    help="the simulated daemons' heartbeats in a generator process of their own (on the "
+                    "same CPU with --pin), apart from their assignment polls, as a daemon's heartbeat "
+                    "thread is")
     ap.add_argument("--no-beat-thread", action="store_true",
                     help="RECYCLE_BEAT_THREAD=false: beats answered on the main event loop only")
     args = ap.parse_args()
@@ -318,7 +409,7 @@ def main() -> None:
                     progress("failure's plan precomputed")
             results[case] = run_loop(daemons(url, job_id, token, workers, failed, interval, args.warmup,
                                              args.after, args.ramp if args.ramp is not None else interval,
-                                             proc.pid))
+                                             proc.pid, beats_apart=args.beats_apart))
         except BaseException:
             log = (Path(_tmp.name) / "service.log").read_text().splitlines()
             changes = [line for line in log if '"generation changed"' in line or '"level": "error"' in line]
@@ -340,6 +431,10 @@ def main() -> None:
                 log = (Path(_tmp.name) / "service.log").read_text().splitlines()
                 results[case]["server_sliced_answers"] = [
                     json.loads(line) for line in log if '"answers sliced"' in line][:5]
+                results[case]["server_gc"] = [  # collections over 50 ms, windows held (api.gc_pauses)
+                    {k: v for k, v in json.loads(line).items()
+                     if k in ("ts", "event", "seconds", "generation", "frozen_by_this_window")}
+                    for line in log if '"garbage collection' in line or '"generation changed"' in line]
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
                       "heartbeat_interval_s": interval, **results}, indent=2))
 

@@ -6,6 +6,13 @@ import argparse
 import sys
 
 KEEP_ALIVE_S = 60
+GC_PAUSE_LOGGED_S = 0.05
+BEAT_SWITCH_INTERVAL_S = 0.0002
+"""The interpreter's switch interval with the heartbeat thread on (default 5 ms). uvloop waits for
+the kernel without the GIL and takes it back for every I/O callback, so while the main thread works
+(a wake-up) each beat the heartbeat thread reads waits up to one interval for the GIL: at 5 ms
+that thread answered ~200 beats/s of the 4,096 arriving, and beats begun during a wake-up waited
+0.2-0.4 s; at 0.2 ms none waited over 50 ms in two runs (docs/benchmarks.md)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     _quiet_gc()
     try:
         if beat_loop is not None:
+            sys.setswitchinterval(BEAT_SWITCH_INTERVAL_S)
             beat_loop.start(server.server_state)
         server.run()
     finally:
@@ -107,10 +115,29 @@ def _quiet_gc() -> None:
     still scans only young objects); a full one after 100 middle ones. Reference counting frees
     almost everything anyway; only cyclic garbage waits longer."""
     import gc
+    import time
+
+    from api import logs
 
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    log = logs.get("service")
+    started = [0.0]
+
+    def pauses(phase: str, info: dict) -> None:
+        # A collection holds the GIL: the heartbeat thread waits too. Long ones are logged.
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (paused := time.perf_counter() - started[0]) > GC_PAUSE_LOGGED_S:
+            log.warning("garbage collection paused the service", extra={
+                "seconds": round(paused, 3), "generation": info["generation"],
+                "collected": info["collected"]})
+
+    gc.callbacks.append(pauses)
+    from api import gc_pauses
+
+    gc_pauses.install()
 
 
 def server_class():
