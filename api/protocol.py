@@ -139,13 +139,14 @@ class GuardedHttpTools(HttpToolsProtocol):
                 or self._head_bytes or self.pipeline or transport.get_write_buffer_size() \
                 or (self.cycle is not None and not self.cycle.response_complete):
             return
+        self._adoptable = False
+        if transport.get_extra_info("sslcontext") is not None:
+            return  # the thread would read TLS records as plain bytes: this one stays here
         sock = transport.get_extra_info("socket")
         try:
             fd = os.dup(sock.fileno())
         except (OSError, AttributeError):
-            self._adoptable = False
             return
-        self._adoptable = False
         self._stop_head_timer()
         self._unset_keepalive_if_required()
         transport.pause_reading()
