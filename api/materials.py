@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from planner.failures import normalize
-from planner.instructions import instruction_stream_json
+from planner.instructions import instruction_stream_json, stage_transfers
 from planner.spec import JobSpec, Worker
 from planner.timeline import Op
 
@@ -87,6 +87,7 @@ class PlanMaterial:
             if op.kind in ("F", "B") and op.microbatch is not None:
                 self._fb_at[(op.kind, op.microbatch, op.worker[1])] = op
         self._lock = threading.Lock()
+        self._transfers = stage_transfers(job)  # the job's, shared by every stream built here
 
     @property
     def doc(self) -> dict[str, Any]:
@@ -113,7 +114,7 @@ class PlanMaterial:
                 other = self._fb_at.get((op.kind, op.microbatch, stage))
                 if other is not None:
                     near.append(other)
-        return instruction_stream_json(self.job, self.failed, own + near, worker)
+        return instruction_stream_json(self.job, self.failed, own + near, worker, self._transfers)
 
 
 class MaterialCache:

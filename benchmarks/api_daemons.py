@@ -435,6 +435,11 @@ def main() -> None:
                     {k: v for k, v in json.loads(line).items()
                      if k in ("ts", "event", "seconds", "generation", "frozen_by_this_window")}
                     for line in log if '"garbage collection' in line or '"generation changed"' in line]
+                results[case]["server_solves"] = [  # what the planner took, quick plan or full solve
+                    {k: v for k, v in json.loads(line).items() if k in ("ts", "event", "class", "status",
+                                                                        "seconds", "plan", "generation")}
+                    for line in log if any(f'"{event}"' in line for event in (
+                        "solve finished", "generation ready", "generation improved", "job warm-up skipped"))]
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
                       "heartbeat_interval_s": interval, **results}, indent=2))
 
