@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 from api.lru import LRU
-from api.materials import MaterialCache, PlanMaterial, failed_key, parse_failed_key, quick_key
+from api.materials import MaterialCache, PlanMaterial, failed_key, loads_timeline, parse_failed_key, quick_key
 from api.metrics import Metrics
 from api.problems import Problem
 from api.solve_queue import CLIENT, URGENT, QueueFull
@@ -104,7 +103,7 @@ class PlanService:
         failed = parse_failed_key(plan.failed_key)
 
         def build() -> PlanMaterial:
-            return PlanMaterial(job.job, failed, json.loads(text))
+            return PlanMaterial(job.job, failed, loads_timeline(text))
 
         material = await in_thread(build)
         self.cache.put_plan(job.id, plan.id, material)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 
-from api.materials import PlanMaterial, failed_key
+import pytest
+
+from api.materials import PlanMaterial, failed_key, loads_timeline
 from planner.failures import normalize
 from planner.instructions import instruction_stream_json
 from planner.solve import plan
@@ -38,3 +40,26 @@ def test_every_alive_workers_service_stream_equals_the_planners_stream():
 
 def _pair(value):
     return None if value is None else tuple(value)
+
+
+def test_a_timeline_decoded_op_by_op_equals_json_loads():
+    stored = json.dumps(plan(JOB, ((1, 2),), use_cp=False).timeline_json(), separators=(",", ":"))
+    texts = [
+        stored,
+        json.dumps(json.loads(stored), indent=2),  # whitespace everywhere
+        '{"note":"\\"ops\\":[1,2]","ops":[],"x":{"ops":[{"a":1}]}}',  # "ops" inside a string, nested
+        '{"ops":{"not":"an array"},"n":1}',
+        ' { "ops" : [ {"k":[1,2.5e-3,null,true]} , {"k":"é\\u00e9"} ] } ',
+        "{}",
+        "[1]",  # not an object: json.loads decides
+    ]
+    for text in texts:
+        assert loads_timeline(text) == json.loads(text), text
+
+
+def test_a_malformed_timeline_raises_what_json_loads_raises():
+    for text in ('{"ops":[{"a":1},]}', '{"ops":[1],}', '{"ops":[1 2]}', '{"ops":[1]', '{"ops":[1]} extra', ""):
+        with pytest.raises(ValueError):
+            json.loads(text)
+        with pytest.raises(ValueError):
+            loads_timeline(text)
