@@ -58,7 +58,8 @@ def test_a_timeline_decoded_op_by_op_equals_json_loads():
 
 
 def test_a_malformed_timeline_raises_what_json_loads_raises():
-    for text in ('{"ops":[{"a":1},]}', '{"ops":[1],}', '{"ops":[1 2]}', '{"ops":[1]', '{"ops":[1]} extra', ""):
+    malformed = ('{"ops":[{"a":1},]}', '{"ops":[1],}', '{"ops":[1 2]}', '{"ops":[1]', '{"ops":[1]} extra', "")
+    for text in malformed:
         with pytest.raises(ValueError):
             json.loads(text)
         with pytest.raises(ValueError):
