@@ -25,6 +25,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import httptools
@@ -33,6 +34,7 @@ from api import logs
 from api.protocol import problem_response, quick_head
 
 log = logs.get("beats")
+TICK_S = 0.1
 
 Quick = Callable[[bytes, bytes, list, dict], "bytes | None"]
 HandBack = Callable[[int, bytes], None]
@@ -55,6 +57,10 @@ class BeatLoop:
         self.connections: set[_BeatConnection] = set()
         self.adopted = self.answered = self.handed_back = 0
         """Counts since start (written by the beat thread only)."""
+        self.late_max_ms = 0.0
+        self.late_over_20ms = self.late_over_100ms = 0
+        """How late this loop's own 100 ms tick ran (since start): a beat arriving then waited as
+        long - for the GIL, for a core, for a collection - before this thread could read it."""
 
     def start(self, server_state) -> None:
         self.server_state = server_state
@@ -71,11 +77,21 @@ class BeatLoop:
         except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio serves as well
             self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._tick, time.monotonic())
         ready.set()
         try:
             self.loop.run_forever()
         finally:
             self.loop.close()
+
+    def _tick(self, due: float) -> None:
+        late_ms = max(0.0, time.monotonic() - due) * 1000
+        if late_ms > 20:
+            self.late_over_20ms += 1
+            if late_ms > 100:
+                self.late_over_100ms += 1
+            self.late_max_ms = max(self.late_max_ms, late_ms)
+        self.loop.call_later(TICK_S, self._tick, time.monotonic() + TICK_S)
 
     def adopt(self, fd: int, memo: dict, hand_back: HandBack) -> None:
         """Serve the connection on descriptor `fd` (ours to close) from now on; any thread."""

@@ -66,9 +66,12 @@ class Metrics:
         """The heartbeat thread's figures (`api.beat_loop.BeatLoop`), read at export."""
         gauge = Gauge("recycle_beat_thread", "Heartbeat thread: `connections` it serves now; since "
                       "start, connections `adopted`, beats `answered`, connections `handed_back` to the "
-                      "main loop (a request it does not answer).", ["count"], registry=self.registry)
+                      "main loop (a request it does not answer); how late its own 100 ms tick ran: "
+                      "`late_max_ms`, and how many ticks were over 20 and 100 ms late.", ["count"],
+                      registry=self.registry)
         gauge.labels("connections").set_function(lambda: len(beat_loop.connections))
-        for name in ("adopted", "answered", "handed_back"):
+        for name in ("adopted", "answered", "handed_back", "late_max_ms", "late_over_20ms",
+                     "late_over_100ms"):
             gauge.labels(name).set_function(lambda name=name: getattr(beat_loop, name))
 
     def watch_size(self, cache: str, sized) -> None:

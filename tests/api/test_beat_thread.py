@@ -247,6 +247,19 @@ def test_the_metrics_count_the_threads_work(service):
     assert values["connections"] == len(beat_loop.connections)
 
 
+def test_the_thread_counts_how_late_it_ran_while_the_gil_was_held(service):
+    """A C call that never lets the GIL go (summing a range) stops every thread: the heartbeat
+    thread's own tick says it ran that late (what a beat arriving then waited)."""
+    beat_loop = service["beat_loop"]
+    over_100ms = beat_loop.late_over_100ms
+    started = time.monotonic()
+    total = sum(range(60_000_000))  # holds the GIL for its whole length
+    held_s = time.monotonic() - started
+    assert total > 0 and held_s > 0.3, f"the GIL was held {held_s:.2f} s only: not a test of lateness"
+    wait_for(lambda: beat_loop.late_over_100ms > over_100ms, 10, "the tick to count the hold")
+    assert beat_loop.late_max_ms > 100
+
+
 def test_stopping_the_server_closes_the_threads_connections_and_ends_it(service):
     """Last in this module: it stops the module's server."""
     daemon = Daemon(service, _new_job(service), (0, 0))
