@@ -243,7 +243,10 @@ class _BeatConnection(asyncio.Protocol):
         data, self.buffer = self.buffer, b""
         transport.abort()  # closes this loop's descriptor only; `fd` keeps the connection
         self.beats.handed_back += 1
-        self.hand_back(fd, data)
+        try:
+            self.hand_back(fd, data)
+        except RuntimeError:  # the main loop is closed (the server is stopping): nobody to answer
+            os.close(fd)
 
     def _head_timed_out(self) -> None:
         self.timer = self.timer_callback = None
