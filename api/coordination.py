@@ -161,13 +161,13 @@ class Coordinator(Replanning):
         m = live.m
         if m.settled():
             live.payload, live.ready = Payload(live.job.id, m), None
-            gc_pauses.wake_up()
+            gc_pauses.wake_up(live.job.job.pipelines * live.job.job.stages)
         live.notify()
 
     async def _fill(self, live: Live, payload: Payload) -> None:
         plan = await self.plans.get(live.job, live.m.plan_id)
         payload.streams = await self.plans.streams(live.job, plan)
-        gc_pauses.wake_up()  # the answers that waited for the streams go out now
+        gc_pauses.wake_up(live.job.job.pipelines * live.job.job.stages)  # answers waiting for streams
 
     async def _change(self, live: Live, add: set[Worker], remove: set[Worker], cause: str) -> None:
         async with live.lock:  # the set is computed here: one taken before waiting would undo others'
@@ -344,6 +344,7 @@ class Coordinator(Replanning):
             # worker whose beat sat unread in the socket buffer was declared failed
             # (tests/api/test_watchdog_stall.py).
             await asyncio.sleep(0)
+            gc_pauses.tick()
             for live in list(self._members.values()):
                 if late > self.settings.heartbeat_interval_s:
                     live.m.excuse(late)

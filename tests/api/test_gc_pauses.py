@@ -26,13 +26,13 @@ def test_collection_is_off_through_a_wake_up_then_its_survivors_are_frozen():
         from api import gc_pauses
 
         async def main():
-            gc_pauses.install(window_s=0.4, longest_s=5.0)
+            gc_pauses.install(window_s=0.4, longest_s=5.0, freeze_young=10_000)
             seen, frozen = {}, gc.get_freeze_count()
-            gc_pauses.wake_up()
+            gc_pauses.wake_up(4096)
             seen["off"] = not gc.isenabled()
             survivors = [[i] for i in range(20_000)]  # tracked containers the wake-up keeps
             await asyncio.sleep(0.25)
-            gc_pauses.wake_up()  # a second wake-up 0.25 s in: the window now ends 0.4 s after it
+            gc_pauses.wake_up(4096)  # a second wake-up 0.25 s in: the window now ends 0.4 s after it
             await asyncio.sleep(0.3)
             seen["off_0.55_s_in"] = not gc.isenabled()
             await asyncio.sleep(0.4)
@@ -56,7 +56,7 @@ def test_a_window_ends_by_its_longest_and_collection_off_by_choice_is_left_off()
             gc_pauses.install(window_s=0.3, longest_s=0.8)
             seen, started = {}, time.monotonic()
             while time.monotonic() - started < 3:
-                gc_pauses.wake_up()  # a wake-up every 0.1 s: the window would never end by itself
+                gc_pauses.wake_up(4096)  # a wake-up every 0.1 s: the window would never end by itself
                 await asyncio.sleep(0.1)
                 if gc.isenabled():
                     break
@@ -64,7 +64,7 @@ def test_a_window_ends_by_its_longest_and_collection_off_by_choice_is_left_off()
             gc_pauses.install()
             gc.disable()
             frozen = gc.get_freeze_count()
-            gc_pauses.wake_up()
+            gc_pauses.wake_up(4096)
             survivors = [[i] for i in range(20_000)]
             await asyncio.sleep(0.1)
             gc_pauses._installed.release()
@@ -79,10 +79,62 @@ def test_a_window_ends_by_its_longest_and_collection_off_by_choice_is_left_off()
     assert seen["left_off"] and seen["frozen_when_off"] <= 0, seen  # nothing frozen (some freed)
 
 
-def test_the_service_holds_collection_through_a_generations_wake_up(tmp_path):
+def test_only_a_mass_wake_up_is_frozen_and_at_most_once_per_interval():
+    """Small windows (a job's 16 workers, or a flood of jobs each starting one) are not frozen: their
+    cyclic garbage stays collectable (freezing every window grew a server to 1.7 GB under abuse)."""
+    seen = _run("""
+        import asyncio, gc, json
+        from api import gc_pauses
+
+        async def window(survivors: int) -> int:
+            frozen = gc.get_freeze_count()
+            gc_pauses.wake_up(4096)
+            kept = [[i] for i in range(survivors)]
+            await asyncio.sleep(0.15)
+            assert gc.isenabled() and len(kept) == survivors
+            return gc.get_freeze_count() - frozen
+
+        async def main():
+            gc_pauses.install(window_s=0.1, longest_s=1.0, freeze_young=50_000, freeze_every_s=600)
+            seen = {"small": await window(5_000), "mass": await window(60_000),
+                    "mass_again": await window(60_000)}
+            print(json.dumps(seen))
+
+        asyncio.run(main())
+        """)
+    assert seen["small"] <= 0 and seen["mass"] >= 60_000 and seen["mass_again"] <= 0, seen
+
+
+def test_a_window_that_grows_the_process_ends_early_unfrozen():
+    seen = _run("""
+        import asyncio, gc, json, time
+        from api import gc_pauses
+
+        async def main():
+            gc_pauses.install(window_s=5.0, longest_s=10.0, freeze_young=1, max_growth_mb=64)
+            frozen, started = gc.get_freeze_count(), time.monotonic()
+            gc_pauses.wake_up(4096)
+            gc_pauses.wake_up(16)  # a small job's wake-up neither opens nor extends a window
+            ballast = bytearray(200 * 2**20)  # 200 MB, touched: the process grows
+            while not gc.isenabled() and time.monotonic() - started < 4:
+                await asyncio.sleep(0.05)
+            print(json.dumps({"ended_after_s": round(time.monotonic() - started, 2),
+                              "frozen": gc.get_freeze_count() - frozen, "kept": len(ballast)}))
+
+        asyncio.run(main())
+        """)
+    assert seen["ended_after_s"] < 2.0 and seen["frozen"] <= 0, seen
+
+
+def test_the_service_holds_collection_through_a_large_jobs_wake_up_only(tmp_path):
     with Server(f"sqlite:///{tmp_path / 'gc.db'}", tmp_path / "service.log") as server, server.client() as c:
-        job = c.post("/v1/jobs", json=small_job()).json()["id"]
-        first = c.get(f"/v1/jobs/{job}/workers/0/0/assignment", params={"wait_s": 60}).json()
+        small = c.post("/v1/jobs", json=small_job()).json()["id"]  # 16 workers: no window
+        first = c.get(f"/v1/jobs/{small}/workers/0/0/assignment", params={"wait_s": 60}).json()
         assert first["generation"] == 1
-        wait_for(lambda: "garbage collection held through a wake-up" in server.log_tail(20_000), 30,
-                 "the service to log the window it held through generation 1's answers")
+        large = c.post("/v1/jobs", json=small_job(32, 16, 2)).json()["id"]  # 512 workers
+        first = c.get(f"/v1/jobs/{large}/workers/0/0/assignment", params={"wait_s": 60}).json()
+        assert first["generation"] == 1
+        held = wait_for(lambda: [line for line in server.log_tail(50_000).splitlines()
+                                 if "garbage collection held through a wake-up" in line], 30,
+                        "the service to log the window it held through the large job's answers")
+        assert len(held) == 1, held  # the small job's wake-up opened none
