@@ -126,6 +126,27 @@ def test_a_window_that_grows_the_process_ends_early_unfrozen():
     assert seen["ended_after_s"] < 2.0 and seen["frozen"] <= 0, seen
 
 
+def test_growth_outside_a_window_gets_a_full_collection():
+    """Cyclic garbage that the service's rare collections leave waiting (here: none run at all) is
+    collected once the process has grown by a quarter (at least 128 MB)."""
+    seen = _run("""
+        import gc, json, time
+        from api import gc_pauses
+
+        gc.set_threshold(10**9)  # no automatic collection: only `tick` can collect
+        policy = gc_pauses.install()
+        for _ in range(40):  # 40 cycles, each holding 8 MB: garbage only a collection can free
+            a, b = [bytearray(8 * 2**20)], []
+            a.append(b); b.append(a)
+        del a, b
+        before = gc_pauses._rss_mb()
+        policy._checked_at = 0.0
+        gc_pauses.tick()
+        print(json.dumps({"before": before, "after": gc_pauses._rss_mb()}))
+        """)
+    assert seen["before"] - seen["after"] > 200, seen
+
+
 def test_the_service_holds_collection_through_a_large_jobs_wake_up_only(tmp_path):
     with Server(f"sqlite:///{tmp_path / 'gc.db'}", tmp_path / "service.log") as server, server.client() as c:
         small = c.post("/v1/jobs", json=small_job()).json()["id"]  # 16 workers: no window
