@@ -1,4 +1,4 @@
-"""Bound 5 (docs/notes/bounds.md, section 5): round trips sharing the next stage's workers.
+"""Bound 5 (docs/notes/bounds.md, section 6): round trips sharing the next stage's workers.
 
 Where memory lets a worker of stage s and a worker of stage t = s + 1 each hold one micro-batch
 between F start and B end (`holds` = 1 at both stages), a micro-batch m occupies its stage-s worker X
