@@ -19,6 +19,7 @@ bisection, each step a knapsack over the (identical) pairs.
 
 from __future__ import annotations
 
+import json
 import math
 
 from planner.bounds import Bound, holds, pending_w_cap, stage_hops
@@ -26,8 +27,14 @@ from planner.spec import JobSpec, Worker
 
 TOLERANCE_MS = 1e-9
 """Slack in every feasibility test, so rounding never makes a reachable period look infeasible."""
-MAX_STATES = 2_000_000
-"""Pairs x micro-batches x options above which the knapsack is not run (no bound from it)."""
+MAX_STATES = 20_000
+"""Pairs x micro-batches x options above which the knapsack is not run (no bound from it): about
+60 bisection steps of it must fit in a small part of a plan's time (16 x 2 x 64, 14 pairs: 3.2 s
+at 100,000 on the loaded 2-core box; 8 x 2 x 24: 0.16 s)."""
+_CACHE: dict[tuple, tuple[float, float]] = {}
+"""(job, failed, stage) -> (largest period known infeasible, smallest known feasible); the search
+asks lower_bound again for every routing it rules out, with other floors."""
+_CACHE_SIZE = 256
 
 
 def _most(limit: float, step: float, cap: int) -> int:
@@ -113,6 +120,9 @@ class _StagePair:
         need_t = n - self.orphan * self._received_only(period)
         if self.pairs == 0:
             return need_s <= 0 and need_t <= 0
+        most_own = min(n, int(max(0.0, period - self.tail_s) / self.j_own) + 1)
+        if self.pairs * (n + 1) > MAX_STATES or most_own * (most_own + 1) // 2 > MAX_STATES:
+            return None  # checked before the options are built: their count grows as most_own^2
         options = self.options(period)
         if self.pairs * (n + 1) * len(options) > MAX_STATES:
             return None
@@ -167,15 +177,28 @@ def pair_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker], floor_ms
     dead = set(map(tuple, failed))
     hop = stage_hops(costs, job.stages)
     best = Bound(0.0, "")
+    job_key = None
     for s in range(job.stages - 1):
         if holds(costs, s, total) != 1 or holds(costs, s + 1, total) != 1:
             continue
+        if job_key is None:
+            job_key = (json.dumps(job.filled(), sort_keys=True), tuple(sorted(dead)))
         pair = _StagePair(job, dead, s, hop)
         if pair.j_own <= 0 or pair.window_t <= 0 or pair.work_s <= 0 or pair.work_t <= 0:
             continue
         lo = max(floor_ms, best.value_ms)
+        key = (job_key, s)
+        known_lo, known_hi = _CACHE.get(key, (float("-inf"), float("inf")))
+        if lo >= known_hi:
+            continue  # feasible there already: nothing above lo from this pair of stages
+        if known_lo < known_hi and _adjacent(known_lo, known_hi):
+            if known_lo > lo:
+                best = Bound(known_lo, _reason(pair, s))
+            continue
         first = pair.feasible(lo)
         if first is None or first:
+            if first:
+                _remember(key, known_lo, min(known_hi, lo))
             continue
         hi = max(lo, 1.0) * 2
         while True:
@@ -198,7 +221,28 @@ def pair_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker], floor_ms
                 hi = mid
             else:
                 lo = mid
+        if state is None:
+            continue
         # lo is infeasible: every plan's period is above it.
-        best = Bound(lo, f"round trips sharing stage {s + 1}: {pair.pairs} worker pairs, {pair.cut} cut "
-                         f"from stage {s + 1}, {pair.orphan} without stage {s}, one micro-batch at a time")
+        _remember(key, lo, hi)
+        best = Bound(lo, _reason(pair, s))
     return best
+
+
+def _reason(pair: _StagePair, s: int) -> str:
+    return (f"round trips sharing stage {s + 1}: {pair.pairs} worker pairs, {pair.cut} cut from stage "
+            f"{s + 1}, {pair.orphan} without stage {s}, one micro-batch at a time")
+
+
+def _adjacent(lo: float, hi: float) -> bool:
+    """Whether no float lies between lo and hi (both finite): the bisection's end."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    mid = (lo + hi) / 2
+    return mid <= lo or mid >= hi
+
+
+def _remember(key: tuple, lo: float, hi: float) -> None:
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.clear()
+    _CACHE[key] = (lo, hi)
