@@ -113,3 +113,16 @@ def test_cp_sat_never_beats_the_pair_bound(seed, monkeypatch):
     found = cpsat.improve(job, tuple(failed), ops, period + 1.0, 0.0, 30.0, seed=3, deterministic_time=3.0)
     best = period if found.ops is None else min(period, found.period_ms)
     assert best >= bound, (best, bound)
+
+
+def test_pair_bound_is_the_same_whatever_was_asked_before():
+    """The thresholds are cached per job and stage (the search asks again with other floors): a
+    first question with a floor above the bound (answered: nothing above it) must not hide the
+    bound from a later question with a lower floor."""
+    bounds_pairs._CACHE.clear()
+    job = JobSpec.parse(HAND)
+    assert pair_bound(job, [(1, 1)], floor_ms=40.0).value_ms == 0.0
+    assert 34.0 - 1e-6 < pair_bound(job, [(1, 1)]).value_ms <= 34.0
+    assert pair_bound(job, [(1, 1)], floor_ms=30.0).value_ms == pair_bound(job, [(1, 1)]).value_ms
+    bounds_pairs._CACHE.clear()
+    assert pair_bound(job, [(1, 1)], floor_ms=20.0).value_ms == pair_bound(job, [(1, 1)], floor_ms=33.5).value_ms
