@@ -90,7 +90,8 @@ class _StagePair:
         room_s = period - self.tail_s
         room_t = period - self.tail_t
         for a in range(1, n + 1):
-            if a * self.j_own > room_s + TOLERANCE_MS or a * self.work_s + self.collective_s > period + TOLERANCE_MS:
+            if (a * self.j_own > room_s + TOLERANCE_MS
+                    or a * self.work_s + self.collective_s > period + TOLERANCE_MS):
                 break
             for rho in range(1, a + 1):
                 # Stage t: (a + r) T + (a - rho) G <= room_t and the work; r >= rho - 1.
@@ -154,7 +155,8 @@ def _b_candidates(left: float, rho: int, j_cross: float, separation: float, cap:
         # b < rho - 1: b (J - sep) + (rho - 1) sep <= left.
         slope = j_cross - separation
         if slope > 0:
-            out.append(min(cap, rho - 2, int(math.floor((left - (rho - 1) * separation + TOLERANCE_MS) / slope))))
+            most = int(math.floor((left - (rho - 1) * separation + TOLERANCE_MS) / slope))
+            out.append(min(cap, rho - 2, most))
         else:
             out.append(min(cap, rho - 2))
     return [b for b in out if 0 <= b <= cap]

@@ -225,13 +225,15 @@ def best_heuristic(
                     break
                 if consider(sweep_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
                     return best
-    if failed and not big and (job.op_count <= MIXES_ALWAYS_MAX_OPS or time.perf_counter() - started <= budget_s):
+    in_budget = job.op_count <= MIXES_ALWAYS_MAX_OPS or time.perf_counter() - started <= budget_s
+    if failed and not big and in_budget:
         # Routing decided as the forwards arrive (`Policy.dynamic_routing`), on the balanced routing
         # and on bound 4's share-keeping mixes: where few micro-batches fit in memory the next
         # stage's workers are shared by the round trips, and a fixed routing waits for a busy peer
         # while another is free (4 x 2 x 19, one failure at stage 1: 714.5 -> 706.2 ms).
         keeps = [keep for keep in cut_worker_shares(job, failed) if 0 < keep < job.microbatches]
-        dynamic = [("", routing(0))] + [(f"mix(keep={keep})+", mixed_routing(job, failed, keep)) for keep in keeps]
+        dynamic = [("", routing(0))]
+        dynamic += [(f"mix(keep={keep})+", mixed_routing(job, failed, keep)) for keep in keeps]
         for label, base in dynamic:
             if base is None:
                 continue
