@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/gap_unseen.py [--jobs 6] [--sets 3] [--time-limit 10] [--seed 0] [--json FILE]
+                                    [--only 2 4]   (plan only these job numbers, same draws)
 
 The shared scenarios are the jobs the planner was developed on; an outside validator plans others.
 This draws `--jobs` jobs from a seeded generator (D 2-8, S 2-8, M from S to 24; per-stage F in
@@ -77,6 +78,8 @@ def main() -> int:
     parser.add_argument("--no-cp", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", type=int, nargs="+", help="plan only these job numbers (the jobs "
+                        "and failure sets are drawn as without it, so #2 is the same job)")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -87,6 +90,8 @@ def main() -> int:
         label = f"#{j} {job.pipelines}x{job.stages}x{job.microbatches}"
         cache: dict = {}
         for pattern, failed in failure_sets(job, rng, args.sets):
+            if args.only is not None and j not in args.only:
+                continue
             if any(all((p, s) in failed for p in range(job.pipelines)) for s in range(job.stages)):
                 continue  # a whole stage lost: not plannable, and not what this measures
             started = time.perf_counter()

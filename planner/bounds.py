@@ -42,6 +42,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
 4. Sharing (`planner.bounds_sharing`): when a failure cuts some of a stage's workers from the next
    stage, those pay cross-pipeline hops on every round trip; the stage's micro-batches must be
    shared so that every worker's own bound holds.
+5. Pairs (`planner.bounds_pairs`): where two adjacent stages hold one micro-batch at a time, a
+   stage-(s + 1) worker serving its own pipeline's round trips back to back leaves gaps no other
+   round trip fits in, and one fitted between them makes its own stage-s worker wait; the counts
+   per worker pair must still cover the stage.
 """
 
 from __future__ import annotations
@@ -191,4 +195,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     from planner.bounds_sharing import sharing_bound  # it builds on this module's helpers
 
     sharing = sharing_bound(job, failed)
-    return sharing if sharing.value_ms > best.value_ms else best
+    best = sharing if sharing.value_ms > best.value_ms else best
+    from planner.bounds_pairs import pair_bound  # it builds on this module's helpers
+
+    pairs = pair_bound(job, failed, floor_ms=best.value_ms)
+    return pairs if pairs.value_ms > best.value_ms else best

@@ -52,6 +52,12 @@ class Policy:
     uncongested round trip, `ceil((F_s + round trip_s) / F_s) + ahead_slack` (ZB-H2's warm-up:
     with twice 1F1B's memory stage 0 fills its whole wait for the first gradient, and deeper stages
     run no more forwards than that, so the first gradients are not queued behind forwards)."""
+    dynamic_routing: bool = False
+    """Route each micro-batch at stages s >= 1 when its forward at s - 1 ends, to the alive peer
+    expected to start it first (arrival over the hop, the peer's queued and held round trips and
+    its memory), instead of `routing`'s fixed choice; stage 0 keeps `routing`. With one micro-batch
+    in flight per worker the next stage's workers are a resource the round trips share: a fixed
+    choice makes a forward wait for a busy peer while another is free."""
 
     @property
     def name(self) -> str:
@@ -60,7 +66,8 @@ class Policy:
         feed = ",feed" if self.feed_bottleneck else ""
         if self.fill_round_trip:
             cap = f"fill{self.ahead_slack or 0:+d}"
-        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}"
+        dyn = ",dynamic" if self.dynamic_routing else ""
+        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}"
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -112,6 +119,19 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     remaining = [0] * n
     for p, s in alive:
         remaining[p * S + s] = 3 * routing.load[p][s]
+    dynamic = policy.dynamic_routing
+    if dynamic:
+        # Stages >= 1 are routed as the forwards arrive: loads unknown until then, so a worker is
+        # never "done" early and a stage is done when all of its ops are.
+        for p, s in alive:
+            if s > 0:
+                remaining[p * S + s] = _INF
+        stage_ops_left = [3 * D * M] * S
+        peers = [[p for p in range(D) if (p, s) not in dead] for s in range(S)]
+        # Expected end of each round trip a worker holds or has been sent (B end estimate), by mb.
+        window = [fwd[s] + round_trip[s] + bwd[s] for s in range(S)]
+        holding: list[dict[int, float]] = [{} for _ in range(n)]
+        fits = [costs.fits(s, D * M) or 1 for s in range(S)]
     events: list[tuple[float, int, int]] = []
     seq = 0
     for mb in range(D * M):
@@ -173,6 +193,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         home, m = microbatch
         if kind == "F":
             end = t + fwd[s]
+            if dynamic and s > 0:
+                holding[wi][mb] = t + window[s]  # the actual start replaces the estimate
             mem[wi] += act[s]
             ahead[wi] += 1
             if yield_w is not None and s < S - 1:  # (expected and known are read only to yield)
@@ -180,6 +202,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             outs = out_f[s]
         elif kind == "B":
             end = t + bwd[s]
+            if dynamic and s > 0:
+                holding[wi].pop(mb, None)
             mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1
             outs = out_b[s]
@@ -191,8 +215,18 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             if queue is None:
                 wq.append(mb)  # this worker's own W, ready once the B ends
                 continue
-            dq = executor[ts][mb]
-            dwi = dq * S + ts
+            if dynamic and kind == "F" and queue is f_heap:
+                dq = executor[ts][mb] = _earliest_peer(
+                    peers[ts], ts, S, q, end, same_ms, cross_ms, holding, fits[ts], free_at, window[ts])
+                dwi = dq * S + ts
+                start = end + (same_ms if dq == q else cross_ms)
+                held = sorted(holding[dwi].values())
+                if len(held) >= fits[ts]:
+                    start = max(start, held[len(held) - fits[ts]])
+                holding[dwi][mb] = start + window[ts]
+            else:
+                dq = executor[ts][mb]
+                dwi = dq * S + ts
             arrival = end + (same_ms if dq == q else cross_ms)
             push(queue[dwi], (arrival, m, home, mb))
             if yield_w is not None and queue is b_heap:
@@ -205,7 +239,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         push(events, (end, seq, wi))
         seq += 1
         remaining[wi] -= 1
-        if remaining[wi] == 0:
+        if dynamic:
+            stage_done[s] = max(stage_done[s], end)
+            stage_ops_left[s] -= 1
+            if stage_ops_left[s] == 0:
+                ops.extend(collectives(job, s, dead, stage_done[s]))
+                for p in peers[s]:
+                    remaining[p * S + s] = 0
+        elif remaining[wi] == 0:
             stage_done[s] = max(stage_done[s], end)
             stage_left[s] -= 1
             if stage_left[s] == 0:
@@ -214,6 +255,26 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         stuck = [divmod(i, S) for i, r in enumerate(remaining) if r]
         raise RuntimeError(f"list scheduler stalled with work left on {stuck[:4]}")
     return ops
+
+
+def _earliest_peer(peers: list[int], s: int, S: int, q: int, end: float, same_ms: float,
+                   cross_ms: float, holding: list[dict[int, float]], fits: int, free_at: list[float],
+                   window: float) -> int:
+    """The stage-s peer expected to start a forward that leaves pipeline q's stage s - 1 at `end`
+    first: its arrival over the hop, then room among the round trips the peer holds or was sent
+    (each expected to end `window` after its start; `fits` at once). Ties: the same pipeline,
+    then the peer holding fewer."""
+    best, best_key = peers[0], None
+    for p in peers:
+        wi = p * S + s
+        start = max(end + (same_ms if p == q else cross_ms), free_at[wi])
+        held = holding[wi]
+        if len(held) >= fits:
+            start = max(start, sorted(held.values())[len(held) - fits])
+        key = (start, p != q, len(held), p)
+        if best_key is None or key < best_key:
+            best, best_key = p, key
+    return best
 
 
 def collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
