@@ -434,7 +434,7 @@ def main() -> None:
                 results[case]["server_gc"] = [  # collections over 50 ms, windows held (api.gc_pauses)
                     {k: v for k, v in json.loads(line).items()
                      if k in ("ts", "event", "seconds", "generation", "frozen_by_this_window")}
-                    for line in log if '"garbage collection' in line or '"generation changed"' in line]
+                    for line in log if 'garbage collection' in line or '"generation changed"' in line]
                 results[case]["server_solves"] = [  # what the planner took, quick plan or full solve
                     {k: v for k, v in json.loads(line).items() if k in ("ts", "event", "class", "status",
                                                                         "seconds", "plan", "generation")}

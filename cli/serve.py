@@ -116,7 +116,7 @@ def _quiet_gc() -> None:
     collection, and in 60 s of abuse (16 MiB heads, 200 MB bodies) it piled up to a 535-605 MB
     server between them; at 5,000, 139 MB (the interpreter's defaults: 90 MB). A wake-up of a large
     job holds collection meanwhile (`api.gc_pauses`), which also runs a full collection when the
-    process grows by a quarter. Pauses over 50 ms are logged."""
+    process doubles. Pauses over 50 ms are logged."""
     import gc
     import time
 
