@@ -165,9 +165,11 @@ class Coordinator(Replanning):
         live.notify()
 
     async def _fill(self, live: Live, payload: Payload) -> None:
+        workers = live.job.job.pipelines * live.job.job.stages
+        gc_pauses.wake_up(workers)  # building the streams allocates as much as sending them
         plan = await self.plans.get(live.job, live.m.plan_id)
         payload.streams = await self.plans.streams(live.job, plan)
-        gc_pauses.wake_up(live.job.job.pipelines * live.job.job.stages)  # answers waiting for streams
+        gc_pauses.wake_up(workers)  # the answers that waited for the streams go out now
 
     async def _change(self, live: Live, add: set[Worker], remove: set[Worker], cause: str) -> None:
         async with live.lock:  # the set is computed here: one taken before waiting would undo others'

@@ -36,7 +36,7 @@ log = logs.get("service")
 
 
 class WakeUpGC:
-    def __init__(self, window_s: float = 3.0, longest_s: float = 10.0, freeze_young: int = 200_000,
+    def __init__(self, window_s: float = 3.0, longest_s: float = 15.0, freeze_young: int = 200_000,
                  freeze_every_s: float = 2.0, min_workers: int = 512, max_growth_mb: float = 512.0):
         self.window_s, self.longest_s = window_s, longest_s
         self.freeze_young, self.freeze_every_s = freeze_young, freeze_every_s
@@ -149,7 +149,7 @@ def _rss_mb() -> float | None:
 _installed: WakeUpGC | None = None
 
 
-def install(window_s: float = 3.0, longest_s: float = 10.0, freeze_young: int = 200_000,
+def install(window_s: float = 3.0, longest_s: float = 15.0, freeze_young: int = 200_000,
             freeze_every_s: float = 2.0, min_workers: int = 512, max_growth_mb: float = 512.0) -> WakeUpGC:
     """Turn the policy on for this process (one serving process per interpreter)."""
     global _installed
