@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from collections.abc import Callable
 import httptools
 
 from api import logs
-from api.protocol import problem_response, quick_head
+from api.protocol import detach, problem_response, quick_response, serve_descriptor
 
 log = logs.get("beats")
 TICK_S = 0.1
@@ -105,15 +104,8 @@ class BeatLoop:
             os.close(fd)
 
     def _adopt(self, fd: int, memo: dict, hand_back: HandBack) -> None:
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            os.close(fd)
-            return
-        task = self.loop.create_task(self.loop.connect_accepted_socket(
-            lambda: _BeatConnection(self, memo, hand_back), sock))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or sock.close())
-        self.adopted += 1
+        if serve_descriptor(self.loop, fd, lambda: _BeatConnection(self, memo, hand_back)):
+            self.adopted += 1
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close every adopted connection and end the thread (from any other thread)."""
@@ -218,7 +210,7 @@ class _BeatConnection(asyncio.Protocol):
             return None
         if body is None:
             return None
-        return b"%scontent-length: %d\r\n\r\n%s" % (quick_head(self.beats.server_state), len(body), body)
+        return quick_response(self.beats.server_state, body)
 
     def _give_back(self, waited_s: float = 0.0) -> None:
         """Hand the connection and what it sent since the last answer to the main loop."""
@@ -234,14 +226,11 @@ class _BeatConnection(asyncio.Protocol):
             else:
                 transport.close()
             return
-        sock = transport.get_extra_info("socket")
-        try:
-            fd = os.dup(sock.fileno())
-        except (OSError, AttributeError):
+        fd = detach(transport)
+        if fd is None:
             transport.close()  # cannot pass it on: the client reconnects and is answered there
             return
         data, self.buffer = self.buffer, b""
-        transport.abort()  # closes this loop's descriptor only; `fd` keeps the connection
         self.beats.handed_back += 1
         try:
             self.hand_back(fd, data)

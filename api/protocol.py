@@ -103,8 +103,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             body = self.quick(self.parser.get_method(), self.url, self.headers, self._memo)
             if body is not None:
                 self._answered = True
-                self.transport.write(b"%scontent-length: %d\r\n\r\n%s"
-                                     % (self._quick_head(), len(body), body))
+                self.transport.write(quick_response(self.server_state, body))
                 return
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
@@ -142,23 +141,16 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._adoptable = False
         if transport.get_extra_info("sslcontext") is not None:
             return  # the thread would read TLS records as plain bytes: this one stays here
-        sock = transport.get_extra_info("socket")
-        try:
-            fd = os.dup(sock.fileno())
-        except (OSError, AttributeError):
+        fd = detach(transport)
+        if fd is None:
             return
         self._stop_head_timer()
         self._unset_keepalive_if_required()
-        transport.pause_reading()
-        transport.abort()  # closes this loop's descriptor only; `fd` keeps the connection
         self.beat_loop.adopt(fd, self._memo, functools.partial(
             self.loop.call_soon_threadsafe, _readopt, type(self), self.config, self.server_state,
             self.app_state, self.loop))
 
     # Helpers
-    def _quick_head(self) -> bytes:
-        return quick_head(self.server_state)
-
     def _start_head_timer(self) -> None:
         self._stop_head_timer()
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
@@ -205,6 +197,11 @@ class GuardedHttpTools(HttpToolsProtocol):
 _quick_heads: tuple = (None, b"")
 
 
+def quick_response(server_state, body: bytes) -> bytes:
+    """The whole 200 response of a `quick` answer (main loop and heartbeat thread alike)."""
+    return b"%scontent-length: %d\r\n\r\n%s" % (quick_head(server_state), len(body), body)
+
+
 def quick_head(server_state) -> bytes:
     """Status line, the server's default headers and the content type of a `quick` answer, joined
     once per change of the default headers (uvicorn replaces that list when its `date` changes,
@@ -228,6 +225,33 @@ def problem_response(status: int, detail: str) -> bytes:
             b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, _REASONS[status], len(body)) + body)
 
 
+def detach(transport) -> int | None:
+    """Let go of a connection: a duplicate of the transport's socket descriptor (the caller's to
+    serve or close), the transport closed over its own descriptor only, so the TCP connection stays
+    open. None, and the transport untouched, when it has no socket to give."""
+    sock = transport.get_extra_info("socket")
+    try:
+        fd = os.dup(sock.fileno())
+    except (OSError, AttributeError):
+        return None
+    transport.pause_reading()
+    transport.abort()
+    return fd
+
+
+def serve_descriptor(loop: asyncio.AbstractEventLoop, fd: int, protocol_factory) -> bool:
+    """Serve the connection on descriptor `fd` (now owned here) with `protocol_factory()` on `loop`,
+    from that loop's thread: the other half of `detach`. False (and `fd` closed) if it is no socket."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return False
+    task = loop.create_task(loop.connect_accepted_socket(protocol_factory, sock))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or sock.close())
+    return True
+
+
 def _readopt(cls: type, config, server_state, app_state, loop: asyncio.AbstractEventLoop, fd: int,
              data: bytes) -> None:
     """On the main loop: serve a connection the heartbeat thread handed back, starting with the
@@ -235,13 +259,7 @@ def _readopt(cls: type, config, server_state, app_state, loop: asyncio.AbstractE
     protocol = cls(config=config, server_state=server_state, app_state=app_state, _loop=loop)
     protocol._adoptable = False
     protocol._replay = data
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return
-    task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, sock))
-    task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or sock.close())
+    serve_descriptor(loop, fd, lambda: protocol)
 
 
 def guarded_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float,
