@@ -96,13 +96,7 @@ def _loads_in_steps(text: str) -> dict[str, Any]:
         else:
             value, at = _DECODE(text, at)
         doc[key] = value
-        at = _SPACE.match(text, at).end()
-        if text[at] == ",":
-            at = _SPACE.match(text, at + 1).end()
-            if text[at] == "}":
-                raise ValueError("trailing comma")
-        elif text[at] != "}":
-            raise ValueError("no comma")
+        at = _next_member(text, at, "}")
     if text[_SPACE.match(text, at + 1).end():]:
         raise ValueError("extra data")
     return doc
@@ -114,14 +108,20 @@ def _array_in_steps(text: str, at: int) -> tuple[list, int]:
     while text[at] != "]":
         item, at = _DECODE(text, at)
         items.append(item)
-        at = _SPACE.match(text, at).end()
-        if text[at] == ",":
-            at = _SPACE.match(text, at + 1).end()
-            if text[at] == "]":
-                raise ValueError("trailing comma")
-        elif text[at] != "]":
-            raise ValueError("no comma")
+        at = _next_member(text, at, "]")
     return items, at + 1
+
+
+def _next_member(text: str, at: int, closer: str) -> int:
+    """After an object member or array item: the start of the next one, or the `closer`."""
+    at = _SPACE.match(text, at).end()
+    if text[at] == ",":
+        at = _SPACE.match(text, at + 1).end()
+        if text[at] == closer:
+            raise ValueError("trailing comma")
+    elif text[at] != closer:
+        raise ValueError("no comma")
+    return at
 
 
 class PlanMaterial:
