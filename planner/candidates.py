@@ -34,10 +34,10 @@ HEURISTIC_GRID_MAX_OPS = 60_000
 MIXES_ALWAYS_MAX_OPS = 3_000
 """Up to this many F/B/W ops every mix is tried whatever the budget (deterministic on small jobs)."""
 MIX_LIST_POLICIES = 6
-DYNAMIC_LIST_POLICIES = 6
-"""List policies tried with routing decided as the forwards arrive (`Policy.dynamic_routing`)."""
 """List policies tried on each mix whose `keep` comes from bound 4 (the grid's first, most often
 winning ones)."""
+DYNAMIC_LIST_POLICIES = 6
+"""List policies tried with routing decided as the forwards arrive (`Policy.dynamic_routing`)."""
 SWEEP_POLICIES = [
     SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
 ]

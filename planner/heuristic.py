@@ -219,10 +219,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 dq = executor[ts][mb] = _earliest_peer(
                     peers[ts], ts, S, q, end, same_ms, cross_ms, holding, fits[ts], free_at, window[ts])
                 dwi = dq * S + ts
-                start = end + (same_ms if dq == q else cross_ms)
-                held = sorted(holding[dwi].values())
-                if len(held) >= fits[ts]:
-                    start = max(start, held[len(held) - fits[ts]])
+                start = _room(holding[dwi], fits[ts], end + (same_ms if dq == q else cross_ms))
                 holding[dwi][mb] = start + window[ts]
             else:
                 dq = executor[ts][mb]
@@ -267,14 +264,20 @@ def _earliest_peer(peers: list[int], s: int, S: int, q: int, end: float, same_ms
     best, best_key = peers[0], None
     for p in peers:
         wi = p * S + s
-        start = max(end + (same_ms if p == q else cross_ms), free_at[wi])
         held = holding[wi]
-        if len(held) >= fits:
-            start = max(start, sorted(held.values())[len(held) - fits])
+        start = _room(held, fits, max(end + (same_ms if p == q else cross_ms), free_at[wi]))
         key = (start, p != q, len(held), p)
         if best_key is None or key < best_key:
             best, best_key = p, key
     return best
+
+
+def _room(held: dict[int, float], fits: int, start: float) -> float:
+    """`start`, or later: when a worker holding `held` round trips (their expected ends) has room
+    for one more of the `fits` it can hold at once."""
+    if len(held) < fits:
+        return start
+    return max(start, sorted(held.values())[len(held) - fits])
 
 
 def collectives(job: JobSpec, s: int, dead: set, at: float) -> list[Op]:
