@@ -57,6 +57,18 @@ def cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def log_events(lines: list[str], events: tuple[str, ...], keys: tuple[str, ...] | None = None) -> list[dict]:
+    """The service's JSON log lines whose event contains one of `events`, reduced to `keys`."""
+    found = []
+    for line in lines:
+        if '"event"' not in line or not any(event in line for event in events):
+            continue
+        record = json.loads(line)
+        if any(event in record.get("event", "") for event in events):
+            found.append(record if keys is None else {k: v for k, v in record.items() if k in keys})
+    return found
+
+
 def answer_head(body: bytes) -> dict:
     """An assignment answer less `worker` and its stream, parsed without the stream: the service
     splices those two members in last (`api.assignment`), and a `"` inside a JSON string is always
@@ -429,17 +441,14 @@ def main() -> None:
             stop_service(proc)
             if case in results:  # the server's side of the wake-up: answers held back in slices
                 log = (Path(_tmp.name) / "service.log").read_text().splitlines()
-                results[case]["server_sliced_answers"] = [
-                    json.loads(line) for line in log if '"answers sliced"' in line][:5]
-                results[case]["server_gc"] = [  # collections over 50 ms, windows held (api.gc_pauses)
-                    {k: v for k, v in json.loads(line).items()
-                     if k in ("ts", "event", "seconds", "generation", "frozen_by_this_window")}
-                    for line in log if 'garbage collection' in line or '"generation changed"' in line]
-                results[case]["server_solves"] = [  # what the planner took, quick plan or full solve
-                    {k: v for k, v in json.loads(line).items() if k in ("ts", "event", "class", "status",
-                                                                        "seconds", "plan", "generation")}
-                    for line in log if any(f'"{event}"' in line for event in (
-                        "solve finished", "generation ready", "generation improved", "job warm-up skipped"))]
+                results[case]["server_sliced_answers"] = log_events(log, ("answers sliced",))[:5]
+                # collections over 50 ms, windows held (api.gc_pauses), and when the change came
+                results[case]["server_gc"] = log_events(
+                    log, ("garbage collection", "generation changed"),
+                    ("ts", "event", "seconds", "generation", "young", "frozen", "collected"))
+                results[case]["server_solves"] = log_events(  # the quick plan or the full solve
+                    log, ("solve finished", "generation ready", "generation improved", "job warm-up skipped"),
+                    ("ts", "event", "class", "status", "seconds", "plan", "generation"))
     print(json.dumps({"job": f"uniform {args.pipelines}x{args.stages}x{args.microbatches}",
                       "heartbeat_interval_s": interval, **results}, indent=2))
 
