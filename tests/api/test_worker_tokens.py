@@ -174,6 +174,12 @@ def test_a_slow_but_beating_peer_is_excluded_and_the_job_goes_on(server, admin):
         # generation began counts as being about the old groups: it does not start the clock).
         deadline = time.monotonic() + 20
         while True:
+            # [0, 1] beats right before each report, as a live worker would have: the beat thread's
+            # 0.2 s cadence alone leaves it looking stale (over 1.5 intervals) on a loaded box, and
+            # then the report rightly stands at once (seen failing in CI that way).
+            beat = workers.client.post(f"/v1/jobs/{job_id}/workers/0/1/heartbeat",
+                                       headers={REG: workers.ids[(0, 1)]})
+            assert beat.status_code == 200, beat.text
             report = workers.client.post(f"/v1/jobs/{job_id}/failures",
                                          json={"worker": [0, 1], "reporter": [0, 0]},
                                          headers={REG: workers.ids[(0, 0)]})
