@@ -5,10 +5,11 @@ the ReCycle paper's construction (1F1B kept, round-robin re-routing: `planner.pa
 fault-free only: Zero Bubble's greedy (`planner.zb_greedy`) and warm-ups deeper than 1F1B's
 (`planner.deep_warmup`),
 Zero-Bubble-style sweeps of the balanced re-routing, dissolving the damaged pipelines, the dropped
-job's own plan (relabelled), the list-scheduling grid, the best list schedule re-swept, mixes
-(part of each damaged pipeline dissolved) while the budget lasts, and list schedules that route each
-micro-batch at the next stage as its forward arrives (`Policy.dynamic_routing`). Each is measured by the
-simulator's replay; a replay that does not settle is recorded in `SearchInfo`.
+job's own plan (relabelled), the survivors re-formed into chains (`lane_routing`), the
+list-scheduling grid, the best list schedule re-swept, mixes (part of each damaged pipeline
+dissolved) while the budget lasts, and list schedules that route each micro-batch at the next stage
+as its forward arrives (`Policy.dynamic_routing`). Each is measured by the simulator's replay; a
+replay that does not settle is recorded in `SearchInfo`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
 from planner.paper_style import paper_style_schedule
-from planner.routing import Routing, balanced_routing, dissolving_routing, mixed_routing
+from planner.routing import Routing, balanced_routing, dissolving_routing, lane_routing, mixed_routing
 from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
@@ -38,6 +39,9 @@ MIX_LIST_POLICIES = 6
 winning ones)."""
 DYNAMIC_LIST_POLICIES = 6
 """List policies tried with routing decided as the forwards arrive (`Policy.dynamic_routing`)."""
+LANE_LIST_POLICIES = 6
+"""List policies tried on the re-formed pipelines (`lane_routing`) after its sweeps, the grid's first
+with rotation 0 (every sweep and list candidate there costs ~15-30 ms at 8 x 8 x 24)."""
 SWEEP_POLICIES = [
     SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
 ]
@@ -178,6 +182,19 @@ def best_heuristic(
             cap = None if budget_s == float("inf") else max(1.0, left)
             dropped_ops = replicate(dropped, fault_free_plan(dropped, wall_cap_s=cap).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
+                return best
+    lanes = lane_routing(job, failed) if failed and not big else None
+    if lanes is not None and (dissolved is None or lanes.moved != dissolved.moved) \
+            and not _beaten(job, lanes, best):
+        # Re-formed pipelines: the survivors wired into as many chains as the emptiest stage has
+        # workers (where failures are spread, dropping leaves few pipelines or none). The routing
+        # is the same for every rotation, so only the rotation-0 list policies are tried.
+        listed = [policy for policy in heuristic_policies(job) if policy.routing_rotation == 0]
+        for name, make in [*((f"lanes+{p.name}", lambda p=p: sweep_schedule(job, lanes, p))
+                             for p in SWEEP_POLICIES),
+                           *((f"lanes+{p.name}", lambda p=p: list_schedule(job, lanes, p))
+                             for p in listed[:LANE_LIST_POLICIES])]:
+            if consider(make(), name):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):

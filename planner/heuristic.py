@@ -147,7 +147,9 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     heapq.heapify(events)
 
     ops: list[Op] = []
-    stage_left = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+    # Workers with work left, per stage (an alive worker a routing gives nothing still all-reduces:
+    # its stage's collectives go out when the last worker with work is done).
+    stage_left = [sum(1 for p in range(D) if (p, s) not in dead and remaining[p * S + s]) for s in range(S)]
     stage_done = [0.0] * S
     push = heapq.heappush
     pop = heapq.heappop

@@ -106,3 +106,43 @@ def mixed_routing(job: JobSpec, failed: tuple[Worker, ...], keep: int) -> Routin
             cursor += 1
             moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
+
+
+def lane_routing(job: JobSpec, failed: tuple[Worker, ...]) -> Routing | None:
+    """Re-formed pipelines ("lanes"): as many chains through the alive workers as the emptiest stage
+    has survivors, every micro-batch on one chain at every stage.
+
+    Where failures are spread over the pipelines (one per stage, say), dropping or dissolving the
+    damaged pipelines leaves few or none, and re-routing each failed worker's micro-batches to all its
+    peers makes every peer wait on several senders. But any same-stage peer may serve any micro-batch
+    (rule 1), so the survivors can be wired into L = min_s alive_s chains, each a pipeline of its own
+    with the D x M micro-batches dealt evenly among them: every worker of a chain serves
+    ceil(D x M / L) or one fewer, its forwards come from one sender and its gradients from one, and a
+    chain pays a cross-pipeline hop only where it changes pipelines. (4 x 4 x 8 with one failure per
+    stage and pipeline: three chains of 11 micro-batches, 389.0 ms against the bound's 388.0, where the
+    re-routing candidates reached 414.) Chains start on the stage-0 workers whose own pipeline stays
+    alive the longest and, where their pipeline's next worker is dead, continue on the free worker
+    whose pipeline stays alive the longest from there. Alive workers on no chain serve nothing (they
+    still all-reduce and step). None without failures or when a stage has no survivor."""
+    dead = set(failed)
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    alive = [[p for p in range(D) if (p, s) not in dead] for s in range(S)]
+    lanes = min(len(workers) for workers in alive)
+    if not dead or lanes == 0:
+        return None
+    run = [[0] * (S + 1) for _ in range(D)]  # how many stages from s on pipeline p stays alive
+    for p in range(D):
+        for s in range(S - 1, -1, -1):
+            run[p][s] = 0 if (p, s) in dead else 1 + run[p][s + 1]
+    chain = sorted(alive[0], key=lambda p: (-run[p][0], p))[:lanes]
+    micro = [(home, m) for m in range(M) for home in range(D)]  # index order, pipelines interleaved
+    moved: dict[tuple[int, int, int], int] = {}
+    for s in range(S):
+        if s > 0:
+            free = sorted((p for p in alive[s] if p not in chain), key=lambda p: (-run[p][s], p))
+            chain = [p if (p, s) not in dead else free.pop(0) for p in chain]
+        for i, (home, m) in enumerate(micro):
+            q = chain[i % lanes]
+            if q != home:
+                moved[(home, m, s)] = q
+    return Routing(job, tuple(sorted(failed)), moved)

@@ -462,7 +462,18 @@ def test_list_schedule_equals_reference(case, tolerance, slack, feed):
         with pytest.raises(RuntimeError, match=str(exc).replace("[", r"\[").replace("(", r"\(")):
             list_schedule(job, routing, policy)
         return
-    assert list_schedule(job, routing, policy) == want
+    got = list_schedule(job, routing, policy)
+    dead = set(routing.failed)
+    if any(routing.load[p][s] == 0 for p in range(job.pipelines) for s in range(job.stages)
+           if (p, s) not in dead):
+        # An alive worker given nothing: the reference never emitted its stage's collectives (it
+        # waited for that worker to finish); the fix emits them when the last worker with work is
+        # done (tests/planner/test_lanes.py). Every F, B and W is still the reference's.
+        assert [o for o in got if o.kind in "FBW"] == [o for o in want if o.kind in "FBW"]
+        collective_stages = {o.worker[1] for o in got if o.kind == "ALLREDUCE"}
+        assert collective_stages == set(range(job.stages))
+        return
+    assert got == want
 
 
 @FAST
