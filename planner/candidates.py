@@ -183,17 +183,18 @@ def best_heuristic(
             dropped_ops = replicate(dropped, fault_free_plan(dropped, wall_cap_s=cap).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
-    lanes = lane_routing(job, failed) if failed and not big else None
+    lanes = lane_routing(job, failed) if failed else None
     if lanes is not None and (dissolved is None or lanes.moved != dissolved.moved) \
             and not _beaten(job, lanes, best):
         # Re-formed pipelines: the survivors wired into as many chains as the emptiest stage has
         # workers (where failures are spread, dropping leaves few pipelines or none). The routing
-        # is the same for every rotation, so only the rotation-0 list policies are tried.
+        # is the same for every rotation, so only the rotation-0 list policies are tried; above
+        # the grid's size only the first sweep, like the dissolve.
         listed = [policy for policy in heuristic_policies(job) if policy.routing_rotation == 0]
         for name, make in [*((f"lanes+{p.name}", lambda p=p: sweep_schedule(job, lanes, p))
-                             for p in SWEEP_POLICIES),
+                             for p in (SWEEP_POLICIES[:1] if big else SWEEP_POLICIES)),
                            *((f"lanes+{p.name}", lambda p=p: list_schedule(job, lanes, p))
-                             for p in listed[:LANE_LIST_POLICIES])]:
+                             for p in ([] if big else listed[:LANE_LIST_POLICIES]))]:
             if consider(make(), name):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
