@@ -1,10 +1,12 @@
 """Which alive peer runs each micro-batch at each stage.
 
-Only a failed worker's micro-batches move, and only to alive workers of the same stage (rule 1).
-The extra work is spread so that every peer ends with as close to `ceil(D*M / alive)` micro-batches
-as possible (the per-worker work bound is driven by the most loaded peer), and each failed worker's
-micro-batches are dealt out in index order across the peers so the extra work arrives spread through
-the iteration rather than in one burst.
+Any alive worker of a stage may serve any micro-batch there (rule 1); the routings here span that
+space from least to most change: re-routing only the failed workers' micro-batches
+(`balanced_routing`), mixes keeping part of each damaged pipeline (`mixed_routing`), dissolving the
+damaged pipelines (`dissolving_routing`), and re-forming the survivors into whole chains
+(`lane_routing`). Loads are kept as close to even as the routing's shape allows (the per-worker
+work bound is driven by the most loaded peer), and moved micro-batches are dealt out in index order
+so extra work arrives spread through the iteration rather than in one burst.
 """
 
 from __future__ import annotations
