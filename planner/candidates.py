@@ -190,12 +190,12 @@ def best_heuristic(
         # workers (where failures are spread, dropping leaves few pipelines or none). The routing
         # is the same for every rotation, so only the rotation-0 list policies are tried; above
         # the grid's size only the first sweep, like the dissolve.
-        listed = [policy for policy in heuristic_policies(job) if policy.routing_rotation == 0]
-        for name, make in [*((f"lanes+{p.name}", lambda p=p: sweep_schedule(job, lanes, p))
-                             for p in (SWEEP_POLICIES[:1] if big else SWEEP_POLICIES)),
-                           *((f"lanes+{p.name}", lambda p=p: list_schedule(job, lanes, p))
-                             for p in ([] if big else listed[:LANE_LIST_POLICIES]))]:
-            if consider(make(), name):
+        for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
+            if consider(sweep_schedule(job, lanes, policy), f"lanes+{policy.name}"):
+                return best
+        listed = [] if big else [p for p in heuristic_policies(job) if p.routing_rotation == 0]
+        for policy in listed[:LANE_LIST_POLICIES]:
+            if consider(list_schedule(job, lanes, policy), f"lanes+{policy.name}"):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
