@@ -42,6 +42,10 @@ DYNAMIC_LIST_POLICIES = 6
 LANE_LIST_POLICIES = 6
 """List policies tried on the re-formed pipelines (`lane_routing`) after its sweeps, the grid's first
 with rotation 0 (every sweep and list candidate there costs ~15-30 ms at 8 x 8 x 24)."""
+TAIL_LIST_POLICIES = 6
+"""Grid policies (rotation 0, most often winning first) re-run with `Policy.tail_forwards`."""
+TAIL_FORWARDS = (3, 4, 5, 6)
+"""How many last forwards run first (on 8 x 8 x 24 single failures the best was 3 to 6 by stage)."""
 SWEEP_POLICIES = [
     SweepPolicy(warmup_slack=slack, w_overrun=overrun) for slack in (0, 1, -1) for overrun in (0.0, 0.5)
 ]
@@ -211,6 +215,22 @@ def best_heuristic(
             best_list = (policy, ops)
         if done:
             return best
+    if failed and not big:
+        # The grid's first rotation-0 policies again, with the busiest stage running its last
+        # forwards before its input gradients (`Policy.tail_forwards`): 8 x 8 x 24 with [0, 3] dead,
+        # 1491.5 -> 1456.8 ms against the bound's 1413.7 (docs/notes/planner-issue8.md, H).
+        tailed = [p for p in heuristic_policies(job) if p.routing_rotation == 0][:TAIL_LIST_POLICIES]
+        variants = [replace(p, tail_forwards=k, tail_upstream=up)
+                    for up in (False, True) for p in tailed for k in TAIL_FORWARDS]
+        for tried, policy in enumerate(variants):
+            if tried >= 4 and time.perf_counter() - started > budget_s:
+                break
+            ops = list_schedule(job, routing(0), policy)
+            done = consider(ops, policy.name)
+            if best is not None and best[2] == policy.name:
+                best_list = (policy, ops)
+            if done:
+                return best
     if not big and best_list is not None:
         policy, ops = best_list
         orders = orders_of(ops)

@@ -52,6 +52,13 @@ class Policy:
     uncongested round trip, `ceil((F_s + round trip_s) / F_s) + ahead_slack` (ZB-H2's warm-up:
     with twice 1F1B's memory stage 0 fills its whole wait for the first gradient, and deeper stages
     run no more forwards than that, so the first gradients are not queued behind forwards)."""
+    tail_forwards: int = 0
+    """On the stages whose busiest worker carries the most micro-batches, a worker with at most
+    this many forwards left runs them before its ready input gradients (and a W before an input
+    gradient when only memory holds a forward back), whatever the forward-ahead cap. 0: off."""
+    tail_upstream: bool = False
+    """`tail_forwards` on every stage above the deepest busiest one too, so that the busiest
+    stage's last forwards are fed as fast as it runs them."""
     dynamic_routing: bool = False
     """Route each micro-batch at stages s >= 1 when its forward at s - 1 ends, to the alive peer
     expected to start it first (arrival over the hop, the peer's queued and held round trips and
@@ -67,7 +74,8 @@ class Policy:
         if self.fill_round_trip:
             cap = f"fill{self.ahead_slack or 0:+d}"
         dyn = ",dynamic" if self.dynamic_routing else ""
-        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}"
+        tail = f",tail={self.tail_forwards}{'up' if self.tail_upstream else ''}" if self.tail_forwards else ""
+        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}{tail}"
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -119,6 +127,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     remaining = [0] * n
     for p, s in alive:
         remaining[p * S + s] = 3 * routing.load[p][s]
+    forwards_left = [routing.load[p][s] for p in range(D) for s in range(S)]
+    busiest = [max(routing.load[p][s] for p in range(D)) for s in range(S)]
+    # The last forwards first, on the stages whose busiest worker is the plan's busiest (under
+    # dynamic routing a worker's load is not known in advance, so not there).
+    tail_on = policy.tail_forwards if not policy.dynamic_routing else 0
+    deepest_busy = max(s for s in range(S) if busiest[s] == max(busiest))
+    tail = [tail_on if busiest[s] == max(busiest) or (policy.tail_upstream and s <= deepest_busy) else 0
+            for s in range(S)]
     dynamic = policy.dynamic_routing
     if dynamic:
         # Stages >= 1 are routed as the forwards arrive: loads unknown until then, so a worker is
@@ -169,7 +185,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         q, s = worker
         bh, fh, wq = b_heap[wi], f_heap[wi], w_queue[wi]
         kind = None
-        if bh and bh[0][0] <= t + _EPS:
+        # The last forwards first: this worker's last B is at least its last F's round trip after
+        # that F, so each B run before the last F lengthens the stretch to it (bound 2's drain).
+        tail_first = tail[s] and forwards_left[wi] <= tail[s] and fh and fh[0][0] <= t + _EPS
+        if tail_first and mem[wi] + act[s] <= limit:
+            kind, mb = "F", pop(fh)[-1]
+        elif tail_first and wq and act_w[s] > 0:  # only memory holds the forward back
+            kind, mb = "W", wq.popleft()
+        elif bh and bh[0][0] <= t + _EPS:
             kind, mb = "B", pop(bh)[-1]
         else:
             f_ready = bool(fh) and fh[0][0] <= t + _EPS
@@ -199,6 +222,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                 holding[wi][mb] = t + window[s]  # the actual start replaces the estimate
             mem[wi] += act[s]
             ahead[wi] += 1
+            forwards_left[wi] -= 1
             if yield_w is not None and s < S - 1:  # (expected and known are read only to yield)
                 push(expected[wi], (end + round_trip[s], mb))
             outs = out_f[s]
