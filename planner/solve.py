@@ -32,6 +32,7 @@ from planner.compress import (
     should_compress,
     with_pipelines,
 )
+from planner.cp.cpsat import full_model_fits
 from planner.dropping import dropped_job
 from planner.failures import CanonicalFailure, normalize
 from planner.fault_free import fault_free_plan, replicate
@@ -44,21 +45,19 @@ DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTIC_SHARE = 0.3
 """Share of a solve's time limit the heuristic grid may use before CP-SAT takes over."""
 HEURISTIC_SHARE_WITHOUT_FULL_CP = 0.7
-"""The share when CP-SAT cannot build the full model (more than `FULL_CP_MAX_OPS` F/B/W ops, or CP
-off): the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
+"""The share when CP-SAT cannot build the full model (`planner.cp.cpsat.full_model_fits`), or CP
+off: the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
 (docs/benchmarks.md, "CP-SAT optimality"), while the full list grid there needs ~4.7 s and finds up
 to 2% more."""
-FULL_CP_MAX_OPS = 3_000
 ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
-"""planner.cp.cpsat.FULL_MAX_OPS (not imported here: the CP module loads only when CP-SAT runs)."""
 LNS_SHARE_RESTRICTED = 1.0
 """Share of CP-SAT's time the large-neighbourhood search (planner/cp/lns.py) gets on jobs too large
-for the full model (3,000-15,000 F/B/W ops): all of it, instead of the routing-fixed model, which
-gained at most 1.2 ms in 27 s there (docs/benchmarks.md, "CP-SAT optimality") and whose build
-alone (0.45 s on 8 x 8 x 24) pushed the solve past its limit when it ran after the LNS with
-what was left (side by side, 2026-11-23: max wall 11.7 s against 10.6 s before)."""
+for the full model (3,000-15,000 F/B/W ops, or too many route choices): all of it, instead of the
+routing-fixed model, which gained at most 1.2 ms in 27 s there (docs/benchmarks.md, "CP-SAT
+optimality") and whose build alone (0.45 s on 8 x 8 x 24) pushed the solve past its limit when it
+ran after the LNS with what was left (side by side, 2026-11-23: max wall 11.7 s against 10.6 s)."""
 LNS_SHARE = 0.0
 """The same on jobs small enough for the full model: none. Side by side at the 10 s default
 (2026-11-23), giving the LNS 60% of the time after the routing-fixed polish made 6 of the 10
@@ -116,9 +115,10 @@ class PlanResult:
         }
 
 
-def heuristic_budget_s(job: JobSpec, time_limit_s: float, use_cp: bool) -> float:
+def heuristic_budget_s(job: JobSpec, time_limit_s: float, use_cp: bool,
+                       failed: tuple[Worker, ...] = ()) -> float:
     """Wall budget of the heuristic grid within a solve's limit (the rest is CP-SAT's)."""
-    full_cp = use_cp and job.op_count <= FULL_CP_MAX_OPS
+    full_cp = use_cp and full_model_fits(job, failed)
     return max(1.0, (HEURISTIC_SHARE if full_cp else HEURISTIC_SHARE_WITHOUT_FULL_CP) * time_limit_s)
 
 
@@ -134,7 +134,7 @@ def _solve_canonical(
     bound = lower_bound(job, failed)
     info = SearchInfo()
     ops, period, policy_name = best_heuristic(
-        job, failed, bound.value_ms, budget_s=heuristic_budget_s(job, time_limit_s, use_cp),
+        job, failed, bound.value_ms, budget_s=heuristic_budget_s(job, time_limit_s, use_cp, failed),
         template=template, info=info,
     )
     reached = info.settled and period <= bound.value_ms + 1e-6
@@ -156,7 +156,8 @@ def _solve_canonical(
             from planner.cp import cpsat
         except ImportError:  # the CP model is optional at import time only while it is built
             cpsat = None
-        if cpsat is not None and job.op_count <= FULL_CP_MAX_OPS and left > 2.0:
+        full = full_model_fits(job, failed)
+        if cpsat is not None and full and left > 2.0:
             # The routing-fixed model first, briefly: it is far smaller than the full one and
             # polishes the heuristic's routing quickly; the full model then starts from that (measured:
             # uniform 4 x 4 x 8 with [2, 3] failed, the full model alone stays at 385.25 ms for 9 s
@@ -171,7 +172,7 @@ def _solve_canonical(
                     stats.status = SolveStatus.IMPROVED
                     stats.replay_settled, stats.replay_cycle = True, polished.cycle
             left = time_limit_s - (time.perf_counter() - started)
-        share = LNS_SHARE if job.op_count <= FULL_CP_MAX_OPS else LNS_SHARE_RESTRICTED
+        share = LNS_SHARE if full else LNS_SHARE_RESTRICTED
         if cpsat is not None and job.op_count <= cpsat.RESTRICTED_MAX_OPS and share > 0 and left > 1.0:
             ops, period = _lns_step(job, failed, ops, period, bound.value_ms, share * left, seed, stats)
             left = time_limit_s - (time.perf_counter() - started)

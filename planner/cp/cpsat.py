@@ -26,6 +26,12 @@ from planner.validate import validate
 
 FULL_MAX_OPS = 3_000
 """Up to this many F/B/W ops the full model (free routing) is built and its bound is global."""
+FULL_MAX_ROUTE_CHOICES = 1_000
+"""...and up to this many route choices (`route_choices`). CP-SAT's presolve and the loading of the
+model into its search workers do not stop at the wall limit and grow with the optional intervals
+the choices create: on made-up jobs with 1,200-2,700 choices (6 x 3 x 13 to 6 x 7 x 11, 700-1,400
+ops) they took 4.6-7 s, so a 10 s plan ran 13-17 s and CP-SAT never searched (it returned the
+hint or nothing); at 500-1,000 choices, 0.3-2.7 s (docs/benchmarks.md, "CP-SAT's setup")."""
 RESTRICTED_MAX_OPS = 15_000
 """Up to this many the routing-fixed model is built; above, building alone would eat the budget."""
 NUM_WORKERS = 2
@@ -38,6 +44,20 @@ SOLVER_OVERSHOOT = 0.1
 """Fraction of the solver's share also kept back: on a loaded 2-core box CP-SAT was seen to stop
 up to ~0.5 s (of 2 s) after its wall-time limit."""
 MIN_SOLVE_S = 0.05
+
+
+def route_choices(job: JobSpec, failed: tuple[Worker, ...] | list) -> int:
+    """Route literals of the full model: (micro-batch, stage, alive peer) triples, counted only
+    where a stage has two or more alive peers (one candidate needs no literal)."""
+    dead = set(failed)
+    return job.pipelines * job.microbatches * sum(
+        alive for s in range(job.stages)
+        if (alive := sum((p, s) not in dead for p in range(job.pipelines))) > 1)
+
+
+def full_model_fits(job: JobSpec, failed: tuple[Worker, ...] | list) -> bool:
+    """Whether `improve` builds the full model (free routing, global bound) for this failure set."""
+    return job.op_count <= FULL_MAX_OPS and route_choices(job, failed) <= FULL_MAX_ROUTE_CHOICES
 
 
 @dataclass
@@ -100,7 +120,7 @@ def improve(
     started = time.perf_counter()
     deadline = started + time_limit_s
     n_ops = job.op_count
-    full = n_ops <= FULL_MAX_OPS and not fixed_routing  # complete routing: the bound is global
+    full = full_model_fits(job, failed) and not fixed_routing  # complete routing: a global bound
     label = "full" if full else "restricted (routing fixed from the heuristic)"
     if n_ops > RESTRICTED_MAX_OPS:
         return _not_run(f"restricted (not built: {n_ops} F/B/W ops > {RESTRICTED_MAX_OPS})", started)

@@ -197,6 +197,32 @@ def test_restricted_model_reports_no_global_bound(monkeypatch):
     assert not validate(job, failed, res.model_ops)
 
 
+def test_route_choices_count_the_full_models_route_literals():
+    """Hand-counted: 6 x 7 x 11 with (0, 4) dead has 66 micro-batches, each with 6 candidates at six
+    stages and 5 at stage 4; a stage with one survivor, or one pipeline, gives no choice at all."""
+    assert cpsat.route_choices(make_job(6, 7, 11), [(0, 4)]) == 66 * (6 * 6 + 5)
+    assert cpsat.route_choices(make_job(2, 2, 3), [(0, 1)]) == 6 * 2  # stage 1: one survivor
+    assert cpsat.route_choices(make_job(1, 4, 8), []) == 0
+
+
+def test_too_many_route_choices_fall_back_to_the_routing_fixed_model(monkeypatch):
+    """The full model's presolve and loading do not stop at the wall limit, so above
+    FULL_MAX_ROUTE_CHOICES `improve` builds the routing-fixed one, and `plan` gives the heuristic
+    the larger share, as for jobs over FULL_MAX_OPS."""
+    from planner.solve import HEURISTIC_SHARE_WITHOUT_FULL_CP, heuristic_budget_s
+
+    job = make_job(2, 2, 3)  # (0, 0) dead: stage 0 has one survivor (no choice); stage 1: 6 x 2
+    assert cpsat.route_choices(job, [(0, 0)]) == 12 and cpsat.full_model_fits(job, [(0, 0)])
+    monkeypatch.setattr(cpsat, "FULL_MAX_ROUTE_CHOICES", 11)
+    assert not cpsat.full_model_fits(job, [(0, 0)])
+    failed, period, res = run_cp(job, [(0, 0)], time_limit_s=5.0)
+    assert res.model.startswith("restricted (routing fixed") and res.bound_ms == 0.0
+    assert heuristic_budget_s(job, 10.0, True, failed) == HEURISTIC_SHARE_WITHOUT_FULL_CP * 10.0
+    monkeypatch.setattr(cpsat, "FULL_MAX_ROUTE_CHOICES", 12)
+    _, _, res = run_cp(job, [(0, 0)], time_limit_s=5.0)
+    assert res.model == "full"
+
+
 def test_too_large_model_is_not_built(monkeypatch):
     monkeypatch.setattr(cpsat, "RESTRICTED_MAX_OPS", 10)
     _, _, res = run_cp(make_job(2, 2, 3), [(0, 0)])
