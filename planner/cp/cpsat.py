@@ -27,11 +27,12 @@ from planner.validate import validate
 FULL_MAX_OPS = 3_000
 """Up to this many F/B/W ops the full model (free routing) is built and its bound is global."""
 FULL_MAX_ROUTE_CHOICES = 1_000
-"""...and up to this many route choices (`route_choices`). CP-SAT's presolve and the loading of the
-model into its search workers do not stop at the wall limit and grow with the optional intervals
-the choices create: on made-up jobs with 1,200-2,700 choices (6 x 3 x 13 to 6 x 7 x 11, 700-1,400
-ops) they took 4.6-7 s, so a 10 s plan ran 13-17 s and CP-SAT never searched (it returned the
-hint or nothing); at 500-1,000 choices, 0.3-2.7 s (docs/benchmarks.md, "CP-SAT's setup")."""
+"""...and up to this many route choices (`route_choices`). CP-SAT's presolve and then the loading of
+the model into its search workers grow with the optional intervals the choices create, and the
+loading does not stop at the wall limit: on made-up jobs with 1,200-2,700 choices (6 x 3 x 13 to
+6 x 7 x 11, 700-1,400 ops) the two took 4.6-7 s, so 10 s plans ran 12-21 s and CP-SAT never
+searched (it returned the hint or nothing); at 500-1,000 choices, 0.3-2.7 s (docs/benchmarks.md,
+"CP-SAT's setup and the wall limit")."""
 RESTRICTED_MAX_OPS = 15_000
 """Up to this many the routing-fixed model is built; above, building alone would eat the budget."""
 NUM_WORKERS = 2
