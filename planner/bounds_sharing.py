@@ -45,7 +45,9 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Cal
     def g(n: int) -> float:
         if n <= 0:
             return tail
-        value = max(n * (f + b + w), n * (f + chain + b) / min(k, n) + w)
+        # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
+        # n + 1 (n x r / n can be one ulp below r, and `_served` relies on g being non-decreasing).
+        value = max(n * (f + b + w), (f + chain + b) * (n / min(k, n)) + w)
         if limit > 0:
             value = max(value, n * (a * (f + chain + b) + aw * w) / limit)
         if one_at_a_time:

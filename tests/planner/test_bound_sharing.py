@@ -142,3 +142,39 @@ def test_the_search_keeps_the_share_bound_4_suggests(monkeypatch):
     monkeypatch.setattr(planner.candidates, "cut_worker_shares", lambda job, failed: [])
     without = plan(job, failed, use_cp=False, time_limit_s=1e6)
     assert with_share.iteration_ms < without.iteration_ms - 1.0
+
+
+def test_rounding_never_makes_the_bound_infinite():
+    """Found by benchmarks/planner_fuzz.py (seed 23): 3 x 4 x 1 with stage 3 down to one worker. Each
+    stage-0 worker can hold all three micro-batches, so its round-trip term is 3 x r / 3, one ulp
+    below r = 30.21 ms, while 1 and 2 micro-batches gave r exactly. The count search, which needs g
+    non-decreasing, then found no worker able to serve even one micro-batch at g(3), and bound 4 said
+    infinity: above every plan, and `plan` called its plan optimal. The round trip alone is 30.21 ms
+    here, so the stage's least period is that."""
+    job = JobSpec.parse({
+        "pipelines": 3, "stages": 4, "microbatches": 1, "forward_ms": [1.34, 0.64, 2.88, 1.9],
+        "backward_input_ms": 4.44, "backward_weight_ms": [0.66, 4.34, 0.63, 2.2],
+        "p2p_ms": [0.51, 0.43, 0.5, 0.8], "allreduce_ms": [1.71, 2.48, 4.67, 1.27],
+        "optimizer_ms": [0.6, 0.1, 1.01, 1.23], "activation_mb": 2.73})
+    failed = [(1, 3), (0, 3)]
+    assert sharing_bound(job, failed).value_ms < 40.0
+    result = plan(job, failed, use_cp=False)
+    assert validate(job, result.failed, result.ops) == []
+    assert lower_bound(job, failed).value_ms <= result.iteration_ms + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 50.0), min_size=3, max_size=3), st.floats(0.0, 50.0),
+       st.integers(1, 40), st.integers(1, 200))
+def test_per_worker_bound_never_decreases(times, chain, holds_n, total):
+    """g(n) is compared exactly against periods, so it must not dip by a rounding error anywhere."""
+    from planner.bounds_sharing import per_worker_bound
+
+    f, b, w = times
+    job = JobSpec.parse({"pipelines": 1, "stages": 1, "microbatches": 1, "forward_ms": f,
+                         "backward_input_ms": b, "backward_weight_ms": w, "p2p_ms": 0.0,
+                         "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0,
+                         "memory_limit_mb": float(holds_n)})
+    g = per_worker_bound(job.costs, 0, chain, total)
+    values = [g(n) for n in range(1, total + 1)]
+    assert all(x <= y for x, y in zip(values, values[1:], strict=False))
