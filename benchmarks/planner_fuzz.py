@@ -2,9 +2,9 @@
 
 Usage: python benchmarks/planner_fuzz.py [--seconds 200] [--seed 11] [--time-limit 1.5]
 
-Draws jobs with D 1-4, S 1-4, M 1-6, random per-stage lists, optional memory limits and 0-3 failures
-(sets that leave a stage without a survivor are skipped: the planner refuses them, which the tests
-check). Every plan must pass the six rules, replay to its `iteration_ms` and never beat its bound.
+Draws jobs with D 1-4, S 1-4, M 1-6, random per-stage lists, optional memory limits, for half of
+them (`--activation-w`) activation_w_mb below activation_mb, and 0-3 failures (sets that leave a
+stage without a survivor are skipped: the planner refuses them, which the tests check). Every plan must pass the six rules, replay to its `iteration_ms` and never beat its bound.
 Complements tests/planner/test_properties.py, which runs the heuristic only.
 """
 
@@ -24,7 +24,7 @@ from planner.spec import JobSpec, SpecError  # noqa: E402
 from planner.validate import validate  # noqa: E402
 
 
-def random_job(rng: random.Random) -> JobSpec:
+def random_job(rng: random.Random, activation_w_share: float = 0.0) -> JobSpec:
     stages = rng.randint(1, 4)
 
     def per_stage(lo: float, hi: float):
@@ -40,6 +40,10 @@ def random_job(rng: random.Random) -> JobSpec:
     acts = spec["activation_mb"] if isinstance(spec["activation_mb"], list) else [spec["activation_mb"]]
     if rng.random() < 0.5:
         spec["memory_limit_mb"] = round(max(acts) * rng.uniform(1, stages + 1), 2)
+    # Drawn last and only when asked, so `--activation-w 0` replays the job stream of earlier runs.
+    if activation_w_share > 0 and rng.random() < activation_w_share:
+        spec["activation_w_mb"] = [round(a * rng.choice([0.25, 0.5, 0.75]), 2) for a in acts] \
+            if len(acts) == stages else round(acts[0] * rng.choice([0.25, 0.5, 0.75]), 2)
     return JobSpec.parse(spec)
 
 
@@ -48,12 +52,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=200.0)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--time-limit", type=float, default=1.5)
+    parser.add_argument("--activation-w", type=float, default=0.5,
+                        help="share of jobs with activation_w_mb below activation_mb (rule 6's release "
+                             "at B end); 0 draws the jobs of runs before 2026-11-24")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     planned = refused = 0
     started = time.time()
     while time.time() - started < args.seconds:
-        job = random_job(rng)
+        job = random_job(rng, args.activation_w)
         workers = [(p, s) for p in range(job.pipelines) for s in range(job.stages)]
         failed = rng.sample(workers, rng.randint(0, min(3, len(workers) - 1)))
         try:
