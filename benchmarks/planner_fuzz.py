@@ -4,8 +4,9 @@ Usage: python benchmarks/planner_fuzz.py [--seconds 200] [--seed 11] [--time-lim
 
 Draws jobs with D 1-4, S 1-4, M 1-6, random per-stage lists, optional memory limits, for half of
 them (`--activation-w`) activation_w_mb below activation_mb, and 0-3 failures (sets that leave a
-stage without a survivor are skipped: the planner refuses them, which the tests check). Every plan must pass the six rules, replay to its `iteration_ms` and never beat its bound.
-Complements tests/planner/test_properties.py, which runs the heuristic only.
+stage without a survivor are skipped: the planner refuses them, which the tests check). Every
+plan must pass the six rules, replay to its `iteration_ms` and never beat its bound. Complements
+tests/planner/test_properties.py, which runs the heuristic only.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Zero-Bubble-style sweeps of the balanced re-routing, dissolving the damaged pipe
 job's own plan (relabelled), the survivors re-formed into chains (`lane_routing`), the
 list-scheduling grid, the best list schedule re-swept, mixes (part of each damaged pipeline
 dissolved) while the budget lasts, and list schedules that route each micro-batch at the next stage
-as its forward arrives (`Policy.dynamic_routing`). Each is measured by the simulator's replay; a
+as its forward arrives (`Policy.dynamic_routing`); last, with what is left of the budget, swaps of
+which peer serves which moved micro-batch on the best list schedule's routing
+(`planner.route_search`). Each is measured by the simulator's replay; a
 replay that does not settle is recorded in `SearchInfo`.
 """
 
@@ -23,6 +25,8 @@ from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
 from planner.paper_style import paper_style_schedule
+from planner.route_search import POLICIES as ROUTE_SEARCH_POLICIES
+from planner.route_search import search_routing
 from planner.routing import Routing, balanced_routing, dissolving_routing, lane_routing, mixed_routing
 from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
@@ -130,6 +134,14 @@ def best_heuristic(
 
     big = job.op_count > HEURISTIC_GRID_MAX_OPS
     routings: dict[int, Routing] = {}
+    listed: list[tuple[float, Policy, Routing, list[Op]]] = []  # fixed-routing list schedules
+
+    def consider_list(ops: list[Op], policy: Policy, routing: Routing, name: str | None = None) -> bool:
+        """`consider` for a list schedule, remembered (with its routing) for the routing search."""
+        report = _replay(job, ops)
+        if report is not None and report.converged:
+            listed.append((report.iteration_ms, policy, routing, ops))
+        return consider(ops, name or policy.name, report)
 
     def routing(rot: int) -> Routing:
         return routings.setdefault(rot, balanced_routing(job, failed, rot))
@@ -197,9 +209,9 @@ def best_heuristic(
         for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
             if consider(sweep_schedule(job, lanes, policy), f"lanes+{policy.name}"):
                 return best
-        listed = [] if big else [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-        for policy in listed[:LANE_LIST_POLICIES]:
-            if consider(list_schedule(job, lanes, policy), f"lanes+{policy.name}"):
+        lane_policies = [] if big else [p for p in heuristic_policies(job) if p.routing_rotation == 0]
+        for policy in lane_policies[:LANE_LIST_POLICIES]:
+            if consider_list(list_schedule(job, lanes, policy), policy, lanes, f"lanes+{policy.name}"):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
     for tried, policy in enumerate(heuristic_policies(job)):
@@ -210,7 +222,7 @@ def best_heuristic(
             done = consider(ops, policy.name, report)
         else:
             ops = list_schedule(job, routing(policy.routing_rotation), policy)
-            done = consider(ops, policy.name)
+            done = consider_list(ops, policy, routing(policy.routing_rotation))
         if best is not None and best[2] == policy.name:
             best_list = (policy, ops)
         if done:
@@ -226,7 +238,7 @@ def best_heuristic(
             if tried >= 4 and time.perf_counter() - started > budget_s:
                 break
             ops = list_schedule(job, routing(0), policy)
-            done = consider(ops, policy.name)
+            done = consider_list(ops, policy, routing(0))
             if best is not None and best[2] == policy.name:
                 best_list = (policy, ops)
             if done:
@@ -252,7 +264,8 @@ def best_heuristic(
             if _beaten(job, mixed, best):
                 continue
             for policy in heuristic_policies(job)[:MIX_LIST_POLICIES]:
-                if consider(list_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
+                ops = list_schedule(job, mixed, policy)
+                if consider_list(ops, policy, mixed, f"mix(keep={keep})+{policy.name}"):
                     return best
         for keep in [*shared, *sorted({M // 4, M // 2, (3 * M) // 4} - {0, M, *shared})]:
             mixed = mixed_routing(job, failed, keep)
@@ -279,6 +292,21 @@ def best_heuristic(
                 policy = replace(policy, dynamic_routing=True)
                 if consider(list_schedule(job, base, policy), f"{label}{policy.name}"):
                     return best
+    if failed and not big and listed:
+        # Which peer serves which moved micro-batch, searched by swaps on the best list schedule's
+        # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]
+        # dead, 1454.6 -> 1442.7-1444.1 ms against the bound's 1405.3).
+        top = min(listed, key=lambda entry: entry[0])
+        policies: list[Policy] = []
+        for _, policy, on, _ in sorted(listed, key=lambda entry: entry[0]):
+            if on is top[2] and policy not in policies:
+                policies.append(policy)
+        found = search_routing(job, top[2], policies[:ROUTE_SEARCH_POLICIES], top[0], bound_ms,
+                               deadline=started + budget_s)
+        if found is not None:
+            name = f"{found.policy.name}+routes({found.accepted}/{found.evaluations})"
+            if consider(found.ops, name):
+                return best
     assert best is not None
     return best
 

@@ -61,8 +61,12 @@ def service(tmp_path_factory):
     thread.start()
     wait_for(lambda: server.started, 60, "the server to start")
     blocker = asyncio.run_coroutine_threadsafe(loop.create_server(Blocker, "127.0.0.1", 0), loop).result(10)
+    # A fresh connection per admin request: with the server's 1.5 s keep-alive an idle pooled one
+    # can be closed by the server just as the next request goes out ("Server disconnected without
+    # sending a response", seen once in CI after the GIL-holding test).
     admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                         headers={"Authorization": f"Bearer {TOKEN}"})
+                         headers={"Authorization": f"Bearer {TOKEN}"},
+                         limits=httpx.Limits(max_keepalive_connections=0))
     try:
         yield {"port": port, "beat_loop": beat_loop, "admin": admin, "server": server, "thread": thread,
                "blocker_port": blocker.sockets[0].getsockname()[1]}

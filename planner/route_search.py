@@ -1,0 +1,127 @@
+"""Local search over which peer serves each moved micro-batch, list-scheduled and replayed.
+
+The routings of `planner.routing` deal moved micro-batches out in index order, so which peer takes
+which one is a convention, and the list scheduler's period is sensitive to it: on 8 x 8 x 24 with
+[0, 4] failed, swapping the peers of two re-routed micro-batches (0, 12) and (0, 13) took one tail
+policy from 1465.5 to 1447.6 ms, and a few dozen such swaps reach 1442.7-1444.1 ms (three seeds),
+where the grid, the tail policies and CP-SAT's LNS (120 s) stopped at 1452.9-1454.6 ms against the
+bound's 1405.3 (docs/notes/planner-issue8.md, J). The peers' loads do not move, so no bound of the
+routing changes; what changes is when each peer's extra work arrives relative to its own, which
+decides whether the busiest peers can run their last forwards back to back.
+
+The search: swap the executors of two moved micro-batches of one stage (different peers), schedule
+the routing with a few list policies, keep the swap when the best period is no worse (equal
+periods let it walk a plateau, where most of the gains above were found). Seeded, so the sequence
+of swaps is deterministic; it stops at its evaluation cap, at the deadline, or at the bound.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from planner.heuristic import Policy, list_schedule
+from planner.routing import Routing
+from planner.simulator import ReplayError, replay
+from planner.spec import JobSpec
+from planner.timeline import Op
+
+MAX_EVALUATIONS = 200
+"""Swaps tried at most (each is one list schedule and replay per policy: ~25 ms per policy at
+8 x 8 x 24). The gains measured came within 10-140 evaluations."""
+NEAR_SHARE = 0.5
+"""Share of swaps between micro-batches at most `NEAR` apart in the stage's (pipeline, index)
+order: most of the gains measured were such swaps, which shift one peer's extra work slightly."""
+NEAR = 3
+POLICIES = 1
+"""List policies each routing is scheduled with: the best distinct ones the grid found on it (one:
+each evaluation then costs one list schedule; on 8 x 8 x 24 [0, 4] three policies found no better
+routings in 100 swaps than the best one alone, at three times the cost)."""
+
+
+@dataclass(frozen=True)
+class RouteSearchResult:
+    ops: list[Op]
+    period_ms: float
+    policy: Policy
+    routing: Routing
+    evaluations: int
+    accepted: int
+    """Swaps kept (sideways ones included)."""
+
+
+def swapped(routing: Routing, a: tuple[int, int, int], b: tuple[int, int, int]) -> Routing:
+    """`routing` with the executors of moved micro-batches `a` and `b` (same stage) exchanged."""
+    moved = routing.moved
+    moved[a], moved[b] = moved[b], moved[a]
+    return Routing(routing.job, routing.failed, moved)
+
+
+def _period(job: JobSpec, routing: Routing, policy: Policy) -> tuple[float, list[Op]] | None:
+    ops = list_schedule(job, routing, policy)
+    try:
+        report = replay(job, ops)
+    except ReplayError:
+        return None
+    return (report.iteration_ms, ops) if report.converged else None
+
+
+def _best(job: JobSpec, routing: Routing, policies: list[Policy]) -> tuple[float, list[Op], Policy] | None:
+    best = None
+    for policy in policies:
+        found = _period(job, routing, policy)
+        if found is not None and (best is None or found[0] < best[0] - 1e-9):
+            best = (found[0], found[1], policy)
+    return best
+
+
+def search_routing(
+    job: JobSpec,
+    routing: Routing,
+    policies: list[Policy],
+    period_ms: float,
+    bound_ms: float,
+    deadline: float,
+    max_evaluations: int = MAX_EVALUATIONS,
+    seed: int = 0,
+) -> RouteSearchResult | None:
+    """The best routing found by swaps from `routing` (whose best list period is `period_ms`), or
+    None when no swap beat it. `deadline` is a `time.perf_counter()` value."""
+    by_stage: dict[int, list[tuple[int, int, int]]] = {}
+    for key in sorted(routing.moved):
+        by_stage.setdefault(key[2], []).append(key)
+    stages = [s for s, keys in by_stage.items() if len({routing.executor(*k) for k in keys}) > 1]
+    if not stages or not policies:
+        return None
+    rng = random.Random(seed)
+    current, current_ms = routing, period_ms
+    best: RouteSearchResult | None = None
+    evaluations = accepted = draws = 0
+    # Draws are capped too: a pair with one executor is skipped unevaluated, and the loop must end
+    # even where such pairs are most of a stage's.
+    while evaluations < max_evaluations and draws < 20 * max_evaluations and time.perf_counter() < deadline:
+        draws += 1
+        keys = by_stage[rng.choice(stages)]
+        if rng.random() < NEAR_SHARE:
+            i = rng.randrange(len(keys))
+            j = min(len(keys) - 1, max(0, i + rng.randint(-NEAR, NEAR)))
+            a, b = keys[i], keys[j]
+        else:
+            a, b = rng.sample(keys, 2)
+        if current.executor(*a) == current.executor(*b):
+            continue
+        candidate = swapped(current, a, b)
+        evaluations += 1
+        found = _best(job, candidate, policies)
+        if found is None or found[0] > current_ms + 1e-9:
+            continue
+        current, current_ms = candidate, found[0]
+        accepted += 1
+        if found[0] < (best.period_ms if best else period_ms) - 1e-9:
+            best = RouteSearchResult(found[1], found[0], found[2], candidate, evaluations, accepted)
+            if found[0] <= bound_ms + 1e-6:
+                break
+    if best is None:
+        return None
+    return RouteSearchResult(best.ops, best.period_ms, best.policy, best.routing, evaluations, accepted)
