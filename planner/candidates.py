@@ -134,14 +134,15 @@ def best_heuristic(
 
     big = job.op_count > HEURISTIC_GRID_MAX_OPS
     routings: dict[int, Routing] = {}
-    listed: list[tuple[float, Policy, Routing, list[Op]]] = []  # fixed-routing list schedules
+    listed: list[tuple[float, Policy, Routing, str]] = []  # fixed-routing list schedules, by name
 
     def consider_list(ops: list[Op], policy: Policy, routing: Routing, name: str | None = None) -> bool:
         """`consider` for a list schedule, remembered (with its routing) for the routing search."""
         report = _replay(job, ops)
+        name = name or policy.name
         if report is not None and report.converged:
-            listed.append((report.iteration_ms, policy, routing, ops))
-        return consider(ops, name or policy.name, report)
+            listed.append((report.iteration_ms, policy, routing, name))
+        return consider(ops, name, report)
 
     def routing(rot: int) -> Routing:
         return routings.setdefault(rot, balanced_routing(job, failed, rot))
@@ -304,7 +305,8 @@ def best_heuristic(
         found = search_routing(job, top[2], policies[:ROUTE_SEARCH_POLICIES], top[0], bound_ms,
                                deadline=started + budget_s)
         if found is not None:
-            name = f"{found.policy.name}+routes({found.accepted}/{found.evaluations})"
+            # Named after the list schedule it started from (its routing's label: mix, lanes).
+            name = f"{top[3]}+routes({found.accepted}/{found.evaluations})"
             if consider(found.ops, name):
                 return best
     assert best is not None
