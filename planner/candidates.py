@@ -25,7 +25,6 @@ from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
 from planner.heuristic import Policy, list_schedule
 from planner.paper_style import paper_style_schedule
-from planner.route_search import POLICIES as ROUTE_SEARCH_POLICIES
 from planner.route_search import search_routing
 from planner.routing import Routing, balanced_routing, dissolving_routing, lane_routing, mixed_routing
 from planner.simulator import ReplayError, ReplayReport, replay
@@ -297,16 +296,14 @@ def best_heuristic(
         # Which peer serves which moved micro-batch, searched by swaps on the best list schedule's
         # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]
         # dead, 1454.6 -> 1442.7-1444.1 ms against the bound's 1405.3).
-        top = min(listed, key=lambda entry: entry[0])
-        policies: list[Policy] = []
-        for _, policy, on, _ in sorted(listed, key=lambda entry: entry[0]):
-            if on is top[2] and policy not in policies:
-                policies.append(policy)
-        found = search_routing(job, top[2], policies[:ROUTE_SEARCH_POLICIES], top[0], bound_ms,
+        # One policy, the best one's: three policies per swap found no better routing in 100 swaps
+        # there, at three times the cost (docs/notes/planner-issue8.md, J).
+        top_ms, top_policy, top_routing, top_name = min(listed, key=lambda entry: entry[0])
+        found = search_routing(job, top_routing, [top_policy], top_ms, bound_ms,
                                deadline=started + budget_s)
         if found is not None:
             # Named after the list schedule it started from (its routing's label: mix, lanes).
-            name = f"{top[3]}+routes({found.accepted}/{found.evaluations})"
+            name = f"{top_name}+routes({found.accepted}/{found.evaluations})"
             if consider(found.ops, name):
                 return best
     assert best is not None
