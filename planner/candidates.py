@@ -293,7 +293,7 @@ def best_heuristic(
                 if consider(list_schedule(job, base, policy), f"{label}{policy.name}"):
                     return best
     if failed and not big and listed:
-        # Which peer serves which moved micro-batch, searched by swaps on the best list schedule's
+        # Which peer serves which micro-batch, searched by swaps on the best list schedule's
         # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]
         # dead, 1454.6 -> 1442.7-1444.1 ms against the bound's 1405.3).
         # One policy, the best one's: three policies per swap found no better routing in 100 swaps

@@ -1,4 +1,4 @@
-"""Local search over which peer serves each moved micro-batch, list-scheduled and replayed.
+"""Local search over which peer serves each micro-batch, list-scheduled and replayed.
 
 The routings of `planner.routing` deal moved micro-batches out in index order, so which peer takes
 which one is a convention, and the list scheduler's period is sensitive to it: on 8 x 8 x 24 with
@@ -9,7 +9,8 @@ bound's 1405.3 (docs/notes/planner-issue8.md, J). The peers' loads do not move, 
 routing changes; what changes is when each peer's extra work arrives relative to its own, which
 decides whether the busiest peers can run their last forwards back to back.
 
-The search: swap the executors of two moved micro-batches of one stage (different peers), schedule
+The search: swap the executors of two micro-batches of one stage (different peers; among the moved
+ones, and where a pipeline lost two stages half the time among all, `ANY_SHARE`), schedule
 the routing with the given list policies (the solve passes one), keep the swap when the best period
 is no worse (equal periods let it walk a plateau, where most of the gains above were found).
 Seeded, so the sequence of swaps is deterministic; it stops at its evaluation cap, at the deadline,
@@ -35,6 +36,17 @@ NEAR_SHARE = 0.5
 """Share of swaps between micro-batches at most `NEAR` apart in the stage's (pipeline, index)
 order: most of the gains measured were such swaps, which shift one peer's extra work slightly."""
 NEAR = 3
+ANY_SHARE = 0.5
+"""Where some pipeline lost workers at two or more stages: the share of swaps drawn among all of a
+stage's micro-batches, moved or not (on stages with two or more alive workers), instead of among
+its moved ones. Rule 1 lets any peer serve any micro-batch, and a micro-batch such a pipeline keeps
+crosses pipelines twice per lost stage: exchanging which worker serves it with a micro-batch of a
+whole pipeline lets the critical worker's first and last round trips take the short path while
+the loads stay. On a made-up 3 x 6 x 6 job with [1, 2], [1, 4] dead, moved-only swaps kept 1 of
+500 (166.7 -> 166.6 ms) where these reached 161.9-166.6 ms in 500 (four seeds; the bound 146.7,
+the fault-free plan 153.4), and the 10 s plan went from 165.2 to 160.2 ms. Elsewhere they only
+dilute the moved-only swaps: on 8 x 8 x 24 with [0, 3] dead the 10 s plan went from 1439.6 to
+1451.3 ms with them (docs/notes/planner-issue8.md, K)."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,22 @@ class RouteSearchResult:
 
 
 def swapped(routing: Routing, a: tuple[int, int, int], b: tuple[int, int, int]) -> Routing:
-    """`routing` with the executors of moved micro-batches `a` and `b` (same stage) exchanged."""
+    """`routing` with the executors of micro-batches `a` and `b` (home, index, stage; same stage,
+    moved or not) exchanged. A micro-batch handed back to its alive home is no longer moved."""
     moved = routing.moved
-    moved[a], moved[b] = moved[b], moved[a]
+    to_a, to_b = routing.executor(*b), routing.executor(*a)
+    for key, executor in ((a, to_a), (b, to_b)):
+        if executor == key[0]:
+            moved.pop(key, None)
+        else:
+            moved[key] = executor
     return Routing(routing.job, routing.failed, moved)
+
+
+def _loses_two_stages(routing: Routing) -> bool:
+    """Whether some pipeline lost workers at two or more stages (where `ANY_SHARE` applies)."""
+    pipelines = [p for p, _ in routing.failed]
+    return len(set(pipelines)) < len(pipelines)
 
 
 def _period(job: JobSpec, routing: Routing, policy: Policy) -> tuple[float, list[Op]] | None:
@@ -82,13 +106,22 @@ def search_routing(
     deadline: float,
     max_evaluations: int = MAX_EVALUATIONS,
     seed: int = 0,
+    any_share: float = ANY_SHARE,
 ) -> RouteSearchResult | None:
     """The best routing found by swaps from `routing` (whose best list period is `period_ms`), or
-    None when no swap beat it. `deadline` is a `time.perf_counter()` value."""
+    None when no swap beat it. `deadline` is a `time.perf_counter()` value; `any_share` the share
+    of swaps drawn among all of a stage's micro-batches (0: moved ones only)."""
     by_stage: dict[int, list[tuple[int, int, int]]] = {}
     for key in sorted(routing.moved):
         by_stage.setdefault(key[2], []).append(key)
     stages = [s for s, keys in by_stage.items() if len({routing.executor(*k) for k in keys}) > 1]
+    moved_stages = set(stages)
+    every: dict[int, list[tuple[int, int, int]]] = {}
+    if any_share > 0 and _loses_two_stages(routing):
+        dead = set(routing.failed)
+        every = {s: [(home, m, s) for home in range(job.pipelines) for m in range(job.microbatches)]
+                 for s in range(job.stages) if sum((p, s) not in dead for p in range(job.pipelines)) > 1}
+        stages = sorted(set(stages) | set(every))
     if not stages or not policies:
         return None
     rng = random.Random(seed)
@@ -99,7 +132,11 @@ def search_routing(
     # even where such pairs are most of a stage's.
     while evaluations < max_evaluations and draws < 20 * max_evaluations and time.perf_counter() < deadline:
         draws += 1
-        keys = by_stage[rng.choice(stages)]
+        stage = rng.choice(stages)
+        if stage not in moved_stages or (stage in every and rng.random() < any_share):
+            keys = every[stage]
+        else:
+            keys = by_stage[stage]
         if rng.random() < NEAR_SHARE:
             i = rng.randrange(len(keys))
             j = min(len(keys) - 1, max(0, i + rng.randint(-NEAR, NEAR)))

@@ -1,7 +1,7 @@
-"""Which peer serves which moved micro-batch, searched by swaps (`planner.route_search`).
+"""Which peer serves which micro-batch, searched by swaps (`planner.route_search`).
 
-A swap exchanges the executors of two moved micro-batches of one stage, so every worker keeps its
-load; the search keeps a swap when the list schedule's replayed period is no worse.
+A swap exchanges the executors of two micro-batches of one stage (moved or not), so every worker
+keeps its load; the search keeps a swap when the list schedule's replayed period is no worse.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
 from planner.candidates import heuristic_policies
-from planner.heuristic import list_schedule
+from planner.heuristic import Policy, list_schedule
 from planner.route_search import search_routing, swapped
 from planner.routing import balanced_routing, mixed_routing
 from planner.simulator import replay
@@ -47,22 +47,42 @@ def test_a_swap_exchanges_two_executors_and_nothing_else():
     assert after.load == routing.load == [[3, 0], [3, 4], [3, 4], [3, 4]]
 
 
+def test_a_swap_with_a_micro_batch_at_home_moves_it_and_a_swap_back_restores_the_routing():
+    job = JobSpec.parse({"pipelines": 4, "stages": 2, "microbatches": 3, "forward_ms": 1.0,
+                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.0,
+                         "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0})
+    routing = balanced_routing(job, ((0, 1),))  # (0, 1, 1) runs on pipeline 2's stage-1 worker
+    after = swapped(routing, (1, 0, 1), (0, 1, 1))
+    assert (after.executor(1, 0, 1), after.executor(0, 1, 1)) == (2, 1)
+    assert after.load == routing.load
+    back = swapped(after, (1, 0, 1), (0, 1, 1))
+    # (1, 0) is home again, so it is no longer a moved micro-batch.
+    assert back.moved == routing.moved == {(0, 0, 1): 1, (0, 1, 1): 2, (0, 2, 1): 3}
+
+
 @SETTINGS
-@given(jobs_with_failures(), st.randoms(use_true_random=False))
-def test_any_swap_keeps_every_workers_load_and_schedules_validly(case, rng):
+@given(jobs_with_failures(), st.randoms(use_true_random=False), st.booleans())
+def test_any_swap_keeps_every_workers_load_and_schedules_validly(case, rng, any_key):
     job, failed = case
     failed = tuple(sorted(set(failed)))
     routing = balanced_routing(job, failed, rng.randrange(3))
     by_stage = {}
     for key in routing.moved:
         by_stage.setdefault(key[2], []).append(key)
-    pairs = [keys for keys in by_stage.values() if len(keys) >= 2]
+    if any_key:  # every micro-batch of a stage, served where the routing says
+        by_stage = {s: [(h, m, s) for h in range(job.pipelines) for m in range(job.microbatches)]
+                    for s in range(job.stages)}
+    pairs = [keys for keys in by_stage.values()
+             if len({routing.executor(*key) for key in keys}) >= 2]
     if not pairs:
         return
-    a, b = rng.sample(sorted(rng.choice(pairs)), 2)
+    keys = sorted(rng.choice(pairs))
+    a = rng.choice(keys)
+    b = rng.choice([key for key in keys if routing.executor(*key) != routing.executor(*a)])
     after = swapped(routing, a, b)
     assert (after.executor(*a), after.executor(*b)) == (routing.executor(*b), routing.executor(*a))
     assert served(job, after) == served(job, routing)
+    assert all(executor != home for (home, _, _), executor in after.moved.items())
     ops = list_schedule(job, after, heuristic_policies(job)[0])
     assert validate(job, failed, ops) == []
 
@@ -108,3 +128,31 @@ def test_the_8x8x24_middle_stage_failure_comes_within_the_bar_by_routing_alone()
     assert found is not None
     assert validate(job, failed, found.ops) == []
     assert found.period_ms <= 1.03 * bound
+
+
+MADE_UP_3X6X6 = {  # benchmarks/gap_unseen.py --seed 1, job #4, unbalanced stages, activation_w
+    "pipelines": 3, "stages": 6, "microbatches": 6, "forward_ms": [5.2, 6.6, 4.6, 7.0, 2.5, 4.4],
+    "backward_input_ms": [5.6, 6.6, 4.4, 6.3, 2.8, 4.0],
+    "backward_weight_ms": [4.5, 6.4, 3.2, 2.9, 2.3, 4.3], "p2p_ms": 0.73,
+    "cross_pipeline_p2p_ms": 2.02, "allreduce_ms": 18.2, "optimizer_ms": 2.1,
+    "activation_mb": [3.9, 3.6, 1.9, 3.6, 1.9, 3.8],
+    "activation_w_mb": [2.92, 1.8, 1.42, 0.9, 0.95, 0.95], "memory_limit_mb": 44.6}
+
+
+def test_swaps_among_all_micro_batches_reach_what_moved_ones_cannot():
+    """Pipeline 0 lost stages 2 and 4, so each micro-batch it keeps crosses pipelines four times
+    each way; which of them (and whose) take that path is a choice among every micro-batch of a
+    stage, not only the moved ones. Same start, same policy, same seed and swap count: swaps
+    among moved micro-batches only gain at most 0.1 ms, swaps among all of them over 4 ms."""
+    job = JobSpec.parse(MADE_UP_3X6X6)
+    failed = ((0, 2), (0, 4))
+    routing = balanced_routing(job, failed, 0)
+    policy = Policy(w_tolerance=0.5, ahead_slack=1, fill_round_trip=True)  # the grid's winner there
+    start = replay(job, list_schedule(job, routing, policy)).iteration_ms
+    moved_only = search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE, any_share=0.0)
+    found = search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE)
+    assert moved_only is None or moved_only.period_ms >= start - 0.1
+    assert found is not None and found.period_ms < start - 4.0
+    assert served(job, found.routing) == served(job, routing)
+    assert validate(job, failed, found.ops) == []
+    assert replay(job, found.ops).iteration_ms == found.period_ms
