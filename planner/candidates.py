@@ -47,6 +47,9 @@ LANE_LIST_POLICIES = 6
 with rotation 0 (every sweep and list candidate there costs ~15-30 ms at 8 x 8 x 24)."""
 TAIL_LIST_POLICIES = 6
 """Grid policies (rotation 0, most often winning first) re-run with `Policy.tail_forwards`."""
+DEEPER_SLACK = 2
+"""How much deeper `deeper_policy`'s forward-ahead cap is (made-up 8 x 5 x 18 spread, 500 swaps
+from one routing: fill+0 stays at 504.5 ms, fill+2 and memory-only reach 490.3)."""
 TAIL_FORWARDS = (3, 4, 5, 6)
 """How many last forwards run first (on 8 x 8 x 24 single failures the best was 3 to 6 by stage)."""
 SWEEP_POLICIES = [
@@ -296,18 +299,36 @@ def best_heuristic(
         # Which peer serves which micro-batch, searched by swaps on the best list schedule's
         # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]
         # dead, 1454.6 -> 1442.7-1444.1 ms against the bound's 1405.3).
-        # One policy, the best one's: three policies per swap found no better routing in 100 swaps
-        # there, at three times the cost (docs/notes/planner-issue8.md, J).
+        # The best policy, and on jobs up to MIXES_ALWAYS_MAX_OPS the same with a forward-ahead
+        # cap two deeper (`deeper_policy`): a deeper warm-up is what a swapped routing can feed
+        # (notes K: made-up 8 x 5 x 18 spread, 10 s plan 504.5 -> 497.2 ms). Not on larger jobs,
+        # where the wall budget ends the search and a second policy halves its swaps: three grid
+        # policies per swap found no better routing in 100 swaps on 8 x 8 x 24 [0, 4] (notes J),
+        # and the deeper one there cost [0, 3] 1439.6 -> 1442.8-1448.7 ms (notes K).
         top_ms, top_policy, top_routing, top_name = min(listed, key=lambda entry: entry[0])
-        found = search_routing(job, top_routing, [top_policy], top_ms, bound_ms,
+        policies = [top_policy]
+        if job.op_count <= MIXES_ALWAYS_MAX_OPS and deeper_policy(top_policy) != top_policy:
+            policies.append(deeper_policy(top_policy))
+        found = search_routing(job, top_routing, policies, top_ms, bound_ms,
                                deadline=started + budget_s)
         if found is not None:
-            # Named after the list schedule it started from (its routing's label: mix, lanes).
-            name = f"{top_name}+routes({found.accepted}/{found.evaluations})"
+            # Named after the list schedule it started from (its routing's label: mix, lanes),
+            # with the policy that won.
+            label = top_name.replace(top_policy.name, found.policy.name)
+            name = f"{label}+routes({found.accepted}/{found.evaluations})"
             if consider(found.ops, name):
                 return best
     assert best is not None
     return best
+
+
+def deeper_policy(policy: Policy) -> Policy:
+    """`policy` with its forward-ahead cap two deeper (unchanged when only memory caps it): where
+    a bottleneck worker's first input gradient comes late, more forwards in its warm-up fill the
+    wait, but only once the routing feeds them, which is what the routing search changes."""
+    if policy.ahead_slack is None:
+        return policy
+    return replace(policy, ahead_slack=policy.ahead_slack + DEEPER_SLACK)
 
 
 def _replay(job: JobSpec, ops: list[Op]) -> ReplayReport | None:

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
-from planner.candidates import heuristic_policies
+from planner.candidates import deeper_policy, heuristic_policies
 from planner.heuristic import Policy, list_schedule
 from planner.route_search import search_routing, swapped
 from planner.routing import balanced_routing, mixed_routing
@@ -156,3 +156,34 @@ def test_swaps_among_all_micro_batches_reach_what_moved_ones_cannot():
     assert served(job, found.routing) == served(job, routing)
     assert validate(job, failed, found.ops) == []
     assert replay(job, found.ops).iteration_ms == found.period_ms
+
+
+MADE_UP_8X5X18 = {  # benchmarks/gap_unseen.py --seed 0, job #0, spread failures
+    "pipelines": 8, "stages": 5, "microbatches": 18, "forward_ms": [2.3, 9.7, 5.9, 9.3, 8.6],
+    "backward_input_ms": [2.2, 9.0, 6.5, 10.7, 8.9], "backward_weight_ms": [1.8, 7.0, 2.4, 3.4, 3.0],
+    "p2p_ms": 0.87, "cross_pipeline_p2p_ms": 1.66, "allreduce_ms": 24.6, "optimizer_ms": 2.1,
+    "activation_mb": [3.9, 2.1, 3.7, 1.7, 1.4], "activation_w_mb": [2.92, 0.53, 2.78, 0.85, 0.7],
+    "memory_limit_mb": 35.1}
+
+
+def test_a_deeper_warm_up_is_what_a_swapped_routing_can_feed():
+    """Eight first micro-batches reach stage 4's seven alive workers at once, so one stage-1
+    worker's first input gradient comes a whole F + B late; the fault-free period equals the bound
+    (stage 1 never idles). With the grid's winner (fill the round trip, no slack) no swap helps;
+    with the same policy two forwards deeper (`deeper_policy`) as the search's second policy, the
+    swaps feed that worker's deeper warm-up and the plan comes within 1.03 of the bound."""
+    job = JobSpec.parse(MADE_UP_8X5X18)
+    failed = ((0, 0), (1, 2), (2, 4))
+    bound = lower_bound(job, failed).value_ms
+    policy = Policy(ahead_slack=0, fill_round_trip=True, tail_forwards=3, tail_upstream=True)
+    deeper = deeper_policy(policy)
+    assert (deeper.ahead_slack, deeper.fill_round_trip, deeper.tail_forwards) == (2, True, 3)
+    routing = balanced_routing(job, failed, 0)
+    start = replay(job, list_schedule(job, routing, policy)).iteration_ms
+    assert start > 1.03 * bound
+    alone = search_routing(job, routing, [policy], start, bound, NO_DEADLINE, max_evaluations=40)
+    both = search_routing(job, routing, [policy, deeper], start, bound, NO_DEADLINE, max_evaluations=40)
+    assert alone is None or alone.period_ms > 1.03 * bound
+    assert both is not None and both.period_ms <= 1.03 * bound
+    assert validate(job, failed, both.ops) == []
+    assert replay(job, both.ops).iteration_ms == both.period_ms
