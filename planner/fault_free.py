@@ -44,10 +44,11 @@ def method() -> str:
     """Recorded with each fault-free plan; part of the disk cache's validity check. The suffix is
     bumped whenever the search itself changes (v3: the schedulers release activation_mb -
     activation_w_mb at B end, so a v2 plan of a job with activation_w_mb < activation_mb differs;
-    v4: Zero Bubble's greedy and deep-warm-up sweeps join the fault-free candidates)."""
+    v4: Zero Bubble's greedy and deep-warm-up sweeps join the fault-free candidates; v5: the greedy's
+    per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`)."""
     cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g})"
           if CP_DETERMINISTIC_S > 0 else "no-cp")
-    return f"heuristic(full-grid,no-time-budget)+{cp}/v4"
+    return f"heuristic(full-grid,no-time-budget)+{cp}/v5"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ schedule that would need an op before its input was placed returns None instead 
 
 The greedy, per micro-batch index i, over all stages at once:
 - i = 0: one F per stage; then, from the last stage up, as many extra F's as fit (memory) before
-  the first B can arrive (variant `bubble_before_first_b`: also the one F that ends after it),
-  made strictly decreasing down the pipeline; then the first B of every stage, last stage first.
+  the first B can arrive and, unless variant `bubble_before_first_b`, the one F that ends after it
+  (delaying that B), made strictly decreasing down the pipeline; then the first B of every
+  stage, last stage first.
 - i > 0: each stage that still has forwards runs one more F, unless (variant `prioritize_b`) it
   is two or more F's ahead of the next stage and an F now would delay the next stage's B; a stage
   runs no F unless the next one does. Before each F (and each B), W's fill the wait for the input:
@@ -19,12 +20,14 @@ The greedy, per micro-batch index i, over all stages at once:
   so far (variant `no_bubble_greedy`) or always when it is worse. Then the B of index i, last stage
   first; stage 0 drains its W's before its last B.
 - Finally every stage runs its remaining W's.
-Our one extension, `early_stages` (see `EARLY_STAGE_SHARES`), adds a forward to the warm-up of the
-first stages; with it 0 the schedule is ZB's.
+Our extensions: `early_stages` (see `EARLY_STAGE_SHARES`) adds a forward to the warm-up of the
+first stages, and `overrun_above` (see `overrun_threshold`) lets each stage choose between ZB's two
+warm-up variants by the wait it would be left with; with neither the schedule is ZB's.
 """
 
 from __future__ import annotations
 
+import math
 from itertools import product
 
 from planner.heuristic import collectives
@@ -110,11 +113,14 @@ class _Greedy:
                 no_bubble_greedy or at - self.free[s] > max(self.idle) - self.idle[s]):
             self.put(s, "W")
 
-    def warmup(self, bubble_before_first_b: bool, early_stages: int = 0) -> None:
+    def warmup_counts(self, overrun_above: float) -> tuple[list[int], list[float]]:
+        """Extra warm-up forwards per stage (after each stage's first F is placed) and the wait each
+        stage is left with before its first B, from the last stage up: a stage runs the forwards
+        that end before its first B can arrive, and the one that would end after it only when the
+        wait it would otherwise leave exceeds `overrun_above` (that forward delays the first B, so
+        every earlier stage's arrival with it)."""
         S, M, F, B = self.S, self.M, self.dur["F"], self.dur["B"]
-        for s in range(S):
-            self.put(s, "F")
-        extra = [0] * S
+        extra, wait = [0] * S, [0.0] * S
         last = 0.0
         for s in range(S - 1, -1, -1):
             if s == S - 1:
@@ -122,12 +128,20 @@ class _Greedy:
                 continue
             mem, t, due = self.mem[s], self.free[s], last + self.hop[s]
             while self.count["F"][s] + extra[s] < M and mem + self.mem_delta["F"][s] <= self.limit:
-                if (t + F[s] > due) if bubble_before_first_b else (t >= due):
+                if t + F[s] > due and not due - t > overrun_above:
                     break
                 mem += self.mem_delta["F"][s]
                 t += F[s]
                 extra[s] += 1
+            wait[s] = max(0.0, due - t)
             last = max(t, due) + B[s]
+        return extra, wait
+
+    def warmup(self, overrun_above: float, early_stages: int = 0) -> None:
+        S, M = self.S, self.M
+        for s in range(S):
+            self.put(s, "F")
+        extra, _ = self.warmup_counts(overrun_above)
         for s in range(1, S):
             while extra[s] > 0 and extra[s] >= extra[s - 1] and self.count["F"][s] + extra[s] < M:
                 extra[s] -= 1
@@ -183,12 +197,18 @@ class _Greedy:
 
 
 def zb_greedy_schedule(job: JobSpec, bubble_before_first_b: bool, prioritize_b: bool,
-                       no_bubble_greedy: bool, early_stages: int = 0) -> list[Op] | None:
+                       no_bubble_greedy: bool, early_stages: int = 0,
+                       overrun_above: float | None = None) -> list[Op] | None:
     """One variant's schedule of a job without failures (every pipeline the same), or None.
-    `early_stages` > 0 is our extension (see `EARLY_STAGE_SHARES`); 0 is ZB's heuristic."""
+    `early_stages` > 0 and `overrun_above` are our extensions (see `EARLY_STAGE_SHARES` and
+    `overrun_threshold`); with both left out the schedule is ZB's heuristic. `overrun_above`, when
+    given, replaces `bubble_before_first_b` (True: never overrun, an infinite threshold; False:
+    always, threshold 0)."""
+    if overrun_above is None:
+        overrun_above = math.inf if bubble_before_first_b else 0.0
     g = _Greedy(job)
     try:
-        g.warmup(bubble_before_first_b, early_stages)
+        g.warmup(overrun_above, early_stages)
         for i in range(1, job.microbatches):
             g.step(i, prioritize_b, no_bubble_greedy)
         for s in range(job.stages):
@@ -207,11 +227,44 @@ def zb_greedy_schedule(job: JobSpec, bubble_before_first_b: bool, prioritize_b: 
     return None if validate(job, (), ops) else ops
 
 
+def overrun_threshold(job: JobSpec) -> float | None:
+    """The per-stage warm-up rule's threshold that leaves the smallest largest wait before a first B.
+
+    ZB's variants overrun the first B at every stage or at none. Stage s's wait is the first B's
+    round trip below it modulo F, so it varies stage by stage (28.3B profile at twice 1F1B memory:
+    0.62 ms x (S - 1 - s) modulo 10.4, 9.92 ms at stage 15) and the most idle stage sets the period.
+    Overrunning only where the wait exceeds a threshold moves that idle into a delay of the first
+    B of every earlier stage, which their own waits absorb up to the memory-bound stage 0 (there:
+    9.92 -> 9.30 ms, 2726.72 -> 2726.10 ms). Candidates are the waits left by never overrunning,
+    each just below itself; only the warm-up is simulated here (cheap), and the schedule with the
+    returned threshold is replayed by the caller like every other candidate. None: no stage waits.
+    """
+    g = _Greedy(job)
+    for s in range(job.stages):
+        g.put(s, "F")
+    _, waits = g.warmup_counts(math.inf)
+    best: tuple[float, float] | None = None  # (largest wait left, -threshold)
+    for wait in sorted({w for w in waits if w > 1e-9}, reverse=True):
+        threshold = wait * (1 - 1e-9)
+        key = (max(g.warmup_counts(threshold)[1]), -threshold)
+        if best is None or key < best:
+            best = key
+    return None if best is None or best[0] >= max(waits) - 1e-9 else -best[1]
+
+
 def zb_greedy_candidates(job: JobSpec):
     """(schedule or None, name) for ZB's eight variants (early = 0), each also with the first
-    `share x S` stages running one more warm-up forward (distinct counts only)."""
+    `share x S` stages running one more warm-up forward (distinct counts only), then the four
+    variants of `overrun_threshold`'s per-stage warm-up rule when it lowers the largest wait."""
     counts = sorted({0} | {max(1, int(share * job.stages)) for share in EARLY_STAGE_SHARES} - {job.stages})
     for early in counts:
         for variant in VARIANTS:
             flags = "first_b_bubble={},prioritize_b={},no_bubble_greedy={}".format(*map(int, variant))
             yield zb_greedy_schedule(job, *variant, early_stages=early), f"zb-greedy({flags},early={early})"
+    threshold = overrun_threshold(job)
+    if threshold is not None:
+        for prioritize_b, no_bubble_greedy in product((True, False), repeat=2):
+            flags = (f"overrun_above={threshold:.4g},prioritize_b={prioritize_b:d},"
+                     f"no_bubble_greedy={no_bubble_greedy:d}")
+            yield (zb_greedy_schedule(job, True, prioritize_b, no_bubble_greedy, overrun_above=threshold),
+                   f"zb-greedy({flags})")

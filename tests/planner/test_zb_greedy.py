@@ -18,7 +18,7 @@ from planner.candidates import best_heuristic
 from planner.simulator import replay
 from planner.spec import JobSpec
 from planner.validate import validate
-from planner.zb_greedy import VARIANTS, zb_greedy_candidates, zb_greedy_schedule
+from planner.zb_greedy import VARIANTS, overrun_threshold, zb_greedy_candidates, zb_greedy_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not a package
 from benchmarks.zb_reference.adapter import times_to_ops, variant_times  # noqa: E402
@@ -98,3 +98,26 @@ def test_early_forward_fills_the_first_b_wait():
     early = zb_greedy_schedule(job, True, False, False, early_stages=4)
     assert validate(job, (), early) == []
     assert abs(replay(job, early).iteration_ms - 1898.28) < 1e-6
+
+
+def test_per_stage_overrun_beats_both_zero_bubble_warmups_on_the_28b_profile():
+    """Hand-derived on the 28.3B profile (p 32, m 96, F 10.4, B 10.2, W 7.7, hop 0.41) at twice 1F1B
+    memory, W share 0.5. Stage s = 31 - k gets its first F at 10.81 s and the first B back
+    F + k (F + B + 2 hop) = 10.4 + 21.42 k after it: 2k + 1 forwards plus a wait of 0.62 k modulo
+    10.4 (stage 0: 64 forwards, its memory, and 8.82). The largest, 9.92 at k = 16 (stage 15),
+    sets ZB's period: 96 x 28.3 + 9.92 = 2726.72. Overrunning there alone (34 forwards, the first
+    B 0.48 later for stages 0-14) leaves the memory-bound stage 0 the largest wait,
+    8.82 + 0.48 = 9.30: 2726.10. Overrunning at stage 0 too is impossible (memory), so a lower
+    threshold only adds delay."""
+    job = JobSpec.parse(dict(
+        pipelines=1, stages=32, microbatches=96, forward_ms=10.4, backward_input_ms=10.2,
+        backward_weight_ms=7.7, p2p_ms=0.41, allreduce_ms=0.0, optimizer_ms=0.0, activation_mb=1.0,
+        activation_w_mb=0.5, memory_limit_mb=64.0))
+    threshold = overrun_threshold(job)
+    assert threshold is not None and 9.30 < threshold < 9.92
+    for bubble_before_first_b in (True, False):  # ZB's two warm-ups, its best other flags
+        zb = zb_greedy_schedule(job, bubble_before_first_b, False, False)
+        assert replay(job, zb).iteration_ms > 2726.72 - 1e-6
+    ops = zb_greedy_schedule(job, True, False, False, overrun_above=threshold)
+    assert validate(job, (), ops) == []
+    assert abs(replay(job, ops).iteration_ms - 2726.10) < 1e-6
