@@ -14,13 +14,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planner import route_search
 from planner.bounds import lower_bound
 from planner.candidates import deeper_policy, heuristic_policies
 from planner.heuristic import Policy, list_schedule
-from planner.route_search import search_routing, swapped
+from planner.route_search import _span, search_routing, swapped
 from planner.routing import balanced_routing, mixed_routing
 from planner.simulator import replay
 from planner.spec import JobSpec
+from planner.timeline import Op
 from planner.validate import validate
 from tests.planner.test_properties import SETTINGS, jobs_with_failures
 
@@ -187,3 +189,38 @@ def test_a_deeper_warm_up_is_what_a_swapped_routing_can_feed():
     assert both is not None and both.period_ms <= 1.03 * bound
     assert validate(job, failed, both.ops) == []
     assert replay(job, both.ops).iteration_ms == both.period_ms
+
+
+def test_span_is_the_longest_first_op_to_last_op_of_any_worker():
+    """Hand-worked: worker (0, 0) runs 0-2, 5-7 and its optimizer 10-11 (span 11); worker (0, 1)
+    runs 3-4 and 8-9 (span 6)."""
+    ops = [Op((0, 0), "F", (0, 0), 0.0, 2.0), Op((0, 1), "F", (0, 0), 3.0, 4.0),
+           Op((0, 0), "B", (0, 0), 5.0, 7.0), Op((0, 1), "W", (0, 0), 8.0, 9.0),
+           Op((0, 0), "OPTIMIZER", None, 10.0, 11.0)]
+    assert _span(ops) == 11.0
+
+
+def test_swaps_that_cannot_be_kept_are_not_replayed_and_the_search_ends_the_same(monkeypatch):
+    """The 3 x 6 x 6 job of the test above, same start, policy, seed and swap count: with the span
+    filter the search keeps exactly the swaps it keeps without it (same routing, same period), and
+    replays fewer list schedules."""
+    job = JobSpec.parse(MADE_UP_3X6X6)
+    failed = ((0, 2), (0, 4))
+    routing = balanced_routing(job, failed, 0)
+    policy = Policy(w_tolerance=0.5, ahead_slack=1, fill_round_trip=True)
+    start = replay(job, list_schedule(job, routing, policy)).iteration_ms
+    replays = Counter()
+
+    def counted(job, ops):
+        replays["n"] += 1
+        return replay(job, ops)
+
+    monkeypatch.setattr(route_search, "replay", counted)
+    every = search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE, span_margin=None)
+    replayed_every, replays["n"] = replays["n"], 0
+    filtered = search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE)
+    assert every is not None and filtered is not None
+    assert filtered.period_ms == every.period_ms and filtered.accepted == every.accepted
+    assert filtered.routing.moved == every.routing.moved
+    assert replayed_every == every.evaluations  # one policy: one replay per swap without the filter
+    assert replays["n"] < replayed_every / 2
