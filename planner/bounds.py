@@ -46,6 +46,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    stage-(s + 1) worker serving its own pipeline's round trips back to back leaves gaps no other
    round trip fits in, and one fitted between them makes its own stage-s worker wait; the counts
    per worker pair must still cover the stage.
+6. F starts paced by round trips (`last_f_start`, docs/notes/bounds.md section 7): the busiest
+   worker's j-th F needs room for one more activation, so of the last x + 1 started (x held) one has
+   ended its B and, where the W's pending fill the rest, one of the last x + y_max(x) + 1 its W;
+   the least last F start then bounds first op -> last B end (the stretch of 2 and 3).
 """
 
 from __future__ import annotations
@@ -121,6 +125,34 @@ def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, f
     return min(stretches, default=n * (f + b) + fill)
 
 
+RECURRENCE_MAX_STEPS = 1_000_000
+"""`last_f_start` runs n x min(k, n) steps; above this it is skipped (the weaker memory-time terms
+still hold): a stage left with one worker of 1024 would otherwise take seconds."""
+
+
+def last_f_start(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> float:
+    """Least time from a stage-s worker's first F start to its n-th F start (module docstring, 6.),
+    where `round_trip` (F + chain + B) is the least time from a micro-batch's F start to its B end.
+    0 when the recurrence is skipped (`RECURRENCE_MAX_STEPS`)."""
+    if n <= 1 or n * min(k, n) > RECURRENCE_MAX_STEPS:
+        return 0.0
+    f, w = costs.forward[s], costs.backward_weight[s]
+    # Per x (others between F start and B end when an F starts): how many may wait for their W.
+    pending = [pending_w_cap(costs, s, x + 1, n) for x in range(min(k, n))]
+    starts = [0.0] * n  # starts[j]: least start of the (j + 1)-th F, the first at 0
+    for j in range(1, n):
+        least = float("inf")
+        for x, y in enumerate(pending):
+            if x > j or y < 0:
+                break  # x > j: fewer than x micro-batches started; y < 0: x + 1 do not fit
+            # One of the last x + 1 started has ended its B, one of the last x + y + 1 its W.
+            after_b = starts[j - x - 1] + round_trip if j - x - 1 >= 0 else 0.0
+            after_w = starts[j - x - y - 1] + round_trip + w if j - x - y - 1 >= 0 else 0.0
+            least = min(least, max(after_b, after_w))
+        starts[j] = max(starts[j - 1] + f, least)
+    return starts[-1]
+
+
 def stage_hops(costs: StageCosts, stages: int) -> list[float]:
     """`hop_s`, the least delay of a hop between stages s and s + 1, same or cross pipeline. The
     contract lets a validator read a per-stage hop as either stage's entry; the smallest of the two
@@ -172,8 +204,10 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         # 3. Memory-time: first F start -> last B end holds n windows of >= F + chain + B each, at
         # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
         # for >= W per micro-batch, at most L MB at once.
+        round_trip = f[s] + chain + b[s]
+        last_start = last_f_start(costs, s, n, k, round_trip)
         stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, warmup_idle),
-                         n * (f[s] + chain + b[s]) / max(held, 1))
+                         n * round_trip / max(held, 1), last_start + round_trip)
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
         mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]
