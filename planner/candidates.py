@@ -47,6 +47,8 @@ LANE_LIST_POLICIES = 6
 with rotation 0 (every sweep and list candidate there costs ~15-30 ms at 8 x 8 x 24)."""
 TAIL_LIST_POLICIES = 6
 """Grid policies (rotation 0, most often winning first) re-run with `Policy.tail_forwards`."""
+PACED_LIST_POLICIES = 6
+"""Grid policies re-run with `Policy.paced_first_stage` where memory paces stage 0's forwards."""
 DEEPER_SLACK = 2
 """How much deeper `deeper_policy`'s forward-ahead cap is (made-up 8 x 5 x 18 spread, 500 swaps
 from one routing: fill+0 stays at 504.5 ms, fill+2 and memory-only reach 490.3)."""
@@ -246,6 +248,17 @@ def best_heuristic(
                 best_list = (policy, ops)
             if done:
                 return best
+    if failed and not big and memory_paces_first_stage(job, failed):
+        # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
+        # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms).
+        for policy in heuristic_policies(job)[:PACED_LIST_POLICIES]:
+            policy = replace(policy, paced_first_stage=True)
+            ops = list_schedule(job, routing(policy.routing_rotation), policy)
+            done = consider_list(ops, policy, routing(policy.routing_rotation))
+            if best is not None and best[2] == policy.name:
+                best_list = (policy, ops)
+            if done:
+                return best
     if not big and best_list is not None:
         policy, ops = best_list
         orders = orders_of(ops)
@@ -320,6 +333,18 @@ def best_heuristic(
                 return best
     assert best is not None
     return best
+
+
+def memory_paces_first_stage(job: JobSpec, failed: tuple[Worker, ...]) -> bool:
+    """Whether the busiest stage-0 worker holds fewer micro-batches than it carries, and fewer than
+    would keep it busy for a round trip (its F start -> W end, uncongested, same-pipeline hops)."""
+    costs, S = job.costs, job.stages
+    alive = sum(1 for p in range(job.pipelines) if (p, 0) not in set(map(tuple, failed)))
+    carried = -(-job.pipelines * job.microbatches // max(alive, 1))
+    held = costs.fits(0, carried)
+    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
+    round_trip = sum(f) + sum(b) + w[0] + 2 * sum(costs.p2p[:S - 1])
+    return held < carried and held * (f[0] + b[0] + w[0]) < round_trip
 
 
 def deeper_policy(policy: Policy) -> Policy:

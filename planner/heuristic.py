@@ -59,6 +59,10 @@ class Policy:
     tail_upstream: bool = False
     """`tail_forwards` on every stage above the deepest busiest one too, so that the busiest
     stage's last forwards are fed as fast as it runs them."""
+    paced_first_stage: bool = False
+    """At stage 0, whose input gradients feed nothing upstream, a ready forward that fits runs before
+    a ready input gradient, and a W that makes room for it too: where memory paces the forwards,
+    each slot's next round trip starts as soon as its W frees it."""
     dynamic_routing: bool = False
     """Route each micro-batch at stages s >= 1 when its forward at s - 1 ends, to the alive peer
     expected to start it first (arrival over the hop, the peer's queued and held round trips and
@@ -75,7 +79,8 @@ class Policy:
             cap = f"fill{self.ahead_slack or 0:+d}"
         dyn = ",dynamic" if self.dynamic_routing else ""
         tail = f",tail={self.tail_forwards}{'up' if self.tail_upstream else ''}" if self.tail_forwards else ""
-        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}{tail}"
+        paced = ",paced" if self.paced_first_stage else ""
+        return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}{tail}{paced}"
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -136,6 +141,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     tail = [tail_on if busiest[s] == max(busiest) or (policy.tail_upstream and s <= deepest_busy) else 0
             for s in range(S)]
     dynamic = policy.dynamic_routing
+    paced = policy.paced_first_stage
     if dynamic:
         # Stages >= 1 are routed as the forwards arrive: loads unknown until then, so a worker is
         # never "done" early and a stage is done when all of its ops are.
@@ -192,6 +198,9 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             kind, mb = "F", pop(fh)[-1]
         elif tail_first and wq and act_w[s] > 0:  # only memory holds the forward back
             kind, mb = "W", wq.popleft()
+        elif paced and s == 0 and fh and fh[0][0] <= t + _EPS and ahead[wi] < caps[s] and (
+                mem[wi] + act[s] <= limit or (wq and mem[wi] - act_w[s] + act[s] <= limit)):
+            kind, mb = ("F", pop(fh)[-1]) if mem[wi] + act[s] <= limit else ("W", wq.popleft())
         elif bh and bh[0][0] <= t + _EPS:
             kind, mb = "B", pop(bh)[-1]
         else:
