@@ -102,6 +102,16 @@ def drain_work(costs: StageCosts, s: int, n: int, k: int, deferred: int = 0) -> 
     return max(works, default=None)
 
 
+def forced_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
+    """Bound 1's idle of a stage-s worker with n micro-batches, k held at once and round trip
+    `chain` below it: before its first B and after its last F (module docstring, 1.)."""
+    warmup_idle = max(0.0, costs.forward[s] + chain - min(k, n) * costs.forward[s])
+    drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
+    # The windows before the first B and after the last F are disjoint when n > k (the (k+1)-th F
+    # needs memory a W frees, and a W needs a B); otherwise only the larger counts.
+    return warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+
+
 def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
     """Least time from a stage-s worker's first op to its last B end (module docstring, 2.): every
     F and B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W
@@ -193,10 +203,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
         warmup_idle = max(0.0, f[s] + chain - held * f[s])
-        drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
-        # The windows before the first B and after the last F are disjoint when n > k (the
-        # (k+1)-th F needs memory a W frees, and a W needs a B); otherwise only the larger counts.
-        idle[s] = warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+        idle[s] = forced_idle(costs, s, n, k, chain)
         value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle[s]
         if value > best.value_ms:
             best = Bound(value, f"work+fill+drain at stage {s}: {n} micro-batches on its busiest "

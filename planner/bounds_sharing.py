@@ -11,7 +11,8 @@ rest must carry more: the even split the busiest-worker bound assumes is then ou
 For a worker serving n micro-batches of stage s, each of the following is a lower bound on the period
 (tail = AR_s + OPT_s; chain = sum_{t>s}(F_t + B_t) + the hops there and back, with the worker's own
 first hop at least its kind's; k = how many it can hold between F start and B end; L = memory limit):
-- work: n (F + B + W) + tail;
+- work: n (F + B + W) + tail, plus bound 1's fill and drain idle with this worker's chain (a cut
+  worker's first gradient and its last come back over two cross-pipeline hops);
 - round trips, at most k at once: n (F + chain + B) / min(k, n) + W + tail (bound 3's stretch);
 - memory-time: n (a (F + chain + B) + aw W) / L + tail;
 - one at a time: when k = 1 and a + aw > L, no micro-batch's F can start while another's W is still
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.bounds import MEMORY_TOLERANCE_MB, Bound, holds, stage_hops
+from planner.bounds import MEMORY_TOLERANCE_MB, Bound, forced_idle, holds, stage_hops
 from planner.spec import JobSpec, StageCosts, Worker
 
 Kinds = list[tuple[int, Callable[[int], float]]]
@@ -41,13 +42,18 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Cal
     limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
     k = max(1, holds(costs, s, total))
     one_at_a_time = k == 1 and a + aw > limit
+    # Bound 1's idle with this kind's chain grows the work term by at least min(F, B + W) per
+    # micro-batch (the fill shrinks by at most F, the drain by at most B + W), so g stays increasing
+    # by far more than a rounding error; with durations that small it is left out.
+    with_idle = min(f, b + w) > 1e-9
 
     def g(n: int) -> float:
         if n <= 0:
             return tail
         # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
         # n + 1 (n x r / n can be one ulp below r, and `_served` relies on g being non-decreasing).
-        value = max(n * (f + b + w), (f + chain + b) * (n / min(k, n)) + w)
+        work = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
+        value = max(work, (f + chain + b) * (n / min(k, n)) + w)
         if limit > 0:
             value = max(value, n * (a * (f + chain + b) + aw * w) / limit)
         if one_at_a_time:

@@ -9,6 +9,7 @@ CP-SAT search must never beat the bound on jobs built to have cut workers.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,30 @@ def test_no_cut_worker_no_sharing_term():
     bound = sharing_bound(job, [(2, 0)])
     assert not bound.reason.startswith("sharing")
     assert bound.value_ms == 15.0  # stage 0: 6 micro-batches on 2 workers, 3 x 5 ms
+
+
+def test_a_cut_worker_pays_its_cross_hops_in_fill_and_drain():
+    """Made-up 7 x 2 x 12 (`benchmarks/gap_unseen.py --seed 3`, #8), stage 1 of pipelines 0, 2, 4
+    dead: stage 0 (F 6.5, B 6.1, W 2.2: 14.8 per micro-batch) serves 84 on 7 workers, 2 held at
+    once (2.8 of 5.6 MB, W frees all). A cut worker's round trip below it is 2.8 + 3.1 + 2 x 2.76
+    (cross) = 11.42: before its first B it fills 2 x 6.5 of 6.5 + 11.42 (4.92 idle), and after its
+    last F it holds one other micro-batch, B + W = 8.3 of 11.42 (3.12 idle): with 12 it needs
+    12 x 14.8 + 8.04 + 11.3 + 0.6 = 197.54. The others (chain 5.9 + 2 x 0.19) idle none: 189.5
+    with 12, 204.3 with 13. Below 197.54 the cut ones serve 11 (182.74) and the others 12, 81 < 84.
+    Without the idle the cut ones' 12 cost 189.5 too, the bound said."""
+    job = JobSpec.parse({
+        "pipelines": 7, "stages": 2, "microbatches": 12, "forward_ms": [6.5, 2.8],
+        "backward_input_ms": [6.1, 3.1], "backward_weight_ms": [2.2, 1.0], "p2p_ms": 0.19,
+        "cross_pipeline_p2p_ms": 2.76, "allreduce_ms": 11.3, "optimizer_ms": 0.6,
+        "activation_mb": [2.8, 1.0], "activation_w_mb": [2.8, 1.0], "memory_limit_mb": 5.6})
+    failed = [(0, 1), (2, 1), (4, 1)]
+    bound = sharing_bound(job, failed)
+    assert bound.value_ms == pytest.approx(197.54, abs=1e-9)
+    assert bound.reason.startswith("sharing at stage 0: 3 of 7 workers cut")
+    assert lower_bound(job, failed).value_ms == pytest.approx(197.54, abs=1e-9)
+    result = plan(job, failed, use_cp=False)
+    assert validate(job, result.failed, result.ops) == []
+    assert result.iteration_ms >= 197.54
 
 
 whole = st.integers(1, 4).map(float)
