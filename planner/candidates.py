@@ -234,34 +234,27 @@ def best_heuristic(
             best_list = (policy, ops)
         if done:
             return best
+    variants: list[Policy] = []
+    first_policies = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
     if failed and not big:
         # The grid's first rotation-0 policies again, with the busiest stage running its last
         # forwards before its input gradients (`Policy.tail_forwards`): 8 x 8 x 24 with [0, 3] dead,
         # 1491.5 -> 1456.8 ms against the bound's 1413.7 (docs/notes/planner-issue8.md, H).
-        tailed = [p for p in heuristic_policies(job) if p.routing_rotation == 0][:TAIL_LIST_POLICIES]
-        variants = [replace(p, tail_forwards=k, tail_upstream=up)
-                    for up in (False, True) for p in tailed for k in TAIL_FORWARDS]
-        for tried, policy in enumerate(variants):
-            if tried >= 4 and time.perf_counter() - started > budget_s:
-                break
-            ops = list_schedule(job, routing(0), policy)
-            done = consider_list(ops, policy, routing(0))
-            if best is not None and best[2] == policy.name:
-                best_list = (policy, ops)
-            if done:
-                return best
+        variants += [replace(p, tail_forwards=k, tail_upstream=up) for up in (False, True)
+                     for p in first_policies[:TAIL_LIST_POLICIES] for k in TAIL_FORWARDS]
     if failed and not big and memory_paces_first_stage(job, failed):
         # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
-        # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms).
-        paced = [p for p in heuristic_policies(job) if p.routing_rotation == 0][:PACED_LIST_POLICIES]
-        for policy in paced:
-            policy = replace(policy, paced_first_stage=True)
-            ops = list_schedule(job, routing(policy.routing_rotation), policy)
-            done = consider_list(ops, policy, routing(policy.routing_rotation))
-            if best is not None and best[2] == policy.name:
-                best_list = (policy, ops)
-            if done:
-                return best
+        # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms). Always run.
+        variants += [replace(p, paced_first_stage=True) for p in first_policies[:PACED_LIST_POLICIES]]
+    for tried, policy in enumerate(variants):
+        if policy.tail_forwards and tried >= 4 and time.perf_counter() - started > budget_s:
+            continue
+        ops = list_schedule(job, routing(0), policy)
+        done = consider_list(ops, policy, routing(0))
+        if best is not None and best[2] == policy.name:
+            best_list = (policy, ops)
+        if done:
+            return best
     if not big and best_list is not None:
         policy, ops = best_list
         orders = orders_of(ops)
