@@ -102,10 +102,16 @@ def drain_work(costs: StageCosts, s: int, n: int, k: int, deferred: int = 0) -> 
     return max(works, default=None)
 
 
+def fill_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
+    """Bound 1's idle of a stage-s worker before its first B: only forwards can run, at most
+    min(k, n) of them, while the first one's gradient travels `chain` (module docstring, 1.)."""
+    return max(0.0, costs.forward[s] + chain - min(k, n) * costs.forward[s])
+
+
 def forced_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
     """Bound 1's idle of a stage-s worker with n micro-batches, k held at once and round trip
     `chain` below it: before its first B and after its last F (module docstring, 1.)."""
-    warmup_idle = max(0.0, costs.forward[s] + chain - min(k, n) * costs.forward[s])
+    warmup_idle = fill_idle(costs, s, n, k, chain)
     drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
     # The windows before the first B and after the last F are disjoint when n > k (the (k+1)-th F
     # needs memory a W frees, and a W needs a B); otherwise only the larger counts.
@@ -202,7 +208,6 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         k = capacity[s]
         held = min(k, n)
         chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
-        warmup_idle = max(0.0, f[s] + chain - held * f[s])
         idle[s] = forced_idle(costs, s, n, k, chain)
         value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle[s]
         if value > best.value_ms:
@@ -213,10 +218,10 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         # for >= W per micro-batch, at most L MB at once.
         round_trip = f[s] + chain + b[s]
         last_start = last_f_start(costs, s, n, k, round_trip)
-        stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, warmup_idle),
+        stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, fill_idle(costs, s, n, k, chain)),
                          n * round_trip / max(held, 1), last_start + round_trip)
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
-        mb_time = n * (costs.activation[s] * (f[s] + chain + b[s]) + costs.activation_w[s] * w[s])
+        mb_time = n * (costs.activation[s] * round_trip + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]
         value = max(stretch[s] + w[s], mb_time / limit if limit > 0 else 0.0) + tail
         if value > best.value_ms:

@@ -335,7 +335,8 @@ def memory_paces_first_stage(job: JobSpec, failed: tuple[Worker, ...]) -> bool:
     """Whether the busiest stage-0 worker holds fewer micro-batches than it carries, and fewer than
     would keep it busy for a round trip (its F start -> W end, uncongested, same-pipeline hops)."""
     costs, S = job.costs, job.stages
-    alive = sum(1 for p in range(job.pipelines) if (p, 0) not in set(map(tuple, failed)))
+    dead = set(map(tuple, failed))
+    alive = sum(1 for p in range(job.pipelines) if (p, 0) not in dead)
     carried = -(-job.pipelines * job.microbatches // max(alive, 1))
     held = costs.fits(0, carried)
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight

@@ -137,10 +137,14 @@ class _Greedy:
             last = max(t, due) + B[s]
         return extra, wait
 
+    def first_forwards(self) -> None:
+        """Every stage's first F, which the warm-up counts start from."""
+        for s in range(self.S):
+            self.put(s, "F")
+
     def warmup(self, overrun_above: float, early_stages: int = 0) -> None:
         S, M = self.S, self.M
-        for s in range(S):
-            self.put(s, "F")
+        self.first_forwards()
         extra, _ = self.warmup_counts(overrun_above)
         for s in range(1, S):
             while extra[s] > 0 and extra[s] >= extra[s - 1] and self.count["F"][s] + extra[s] < M:
@@ -240,8 +244,7 @@ def overrun_threshold(job: JobSpec) -> float | None:
     returned threshold is replayed by the caller like every other candidate. None: no stage waits.
     """
     g = _Greedy(job)
-    for s in range(job.stages):
-        g.put(s, "F")
+    g.first_forwards()
     _, waits = g.warmup_counts(math.inf)
     best: tuple[float, float] | None = None  # (largest wait left, -threshold)
     for wait in sorted({w for w in waits if w > 1e-9}, reverse=True):

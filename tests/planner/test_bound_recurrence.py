@@ -94,9 +94,14 @@ def raised_by_the_recurrence(job, failed, monkeypatch) -> float:
     return with_it
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])
+# Deterministic; the monkeypatch is restored inside each example, and most drawn cases are filtered
+# out (`assume`: the recurrence must be what raised the bound).
+FALSIFY = settings(deadline=None, derandomize=True, database=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                          HealthCheck.filter_too_much])
+
+
+@settings(FALSIFY, max_examples=40)
 @given(memory_bound_cases())
 def test_no_random_valid_plan_beats_the_recurrence(monkeypatch, case):
     job, failed, seed = case
@@ -106,9 +111,7 @@ def test_no_random_valid_plan_beats_the_recurrence(monkeypatch, case):
     assert min(periods) >= bound, (min(periods), bound)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])
+@settings(FALSIFY, max_examples=8)
 @given(memory_bound_cases())
 def test_cp_sat_finds_no_plan_below_the_recurrence(monkeypatch, case):
     """CP-SAT, hinted with the planner's heuristic plan and not told the bound, searches below it."""
