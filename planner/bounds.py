@@ -46,10 +46,12 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    stage-(s + 1) worker serving its own pipeline's round trips back to back leaves gaps no other
    round trip fits in, and one fitted between them makes its own stage-s worker wait; the counts
    per worker pair must still cover the stage.
-6. F starts paced by round trips (`last_f_start`, docs/notes/bounds.md section 7): the busiest
-   worker's j-th F needs room for one more activation, so of the last x + 1 started (x held) one has
-   ended its B and, where the W's pending fill the rest, one of the last x + y_max(x) + 1 its W;
-   the least last F start then bounds first op -> last B end (the stretch of 2 and 3).
+6. F starts paced by round trips (`paced_stage`, docs/notes/bounds.md section 7): the busiest
+   worker's j-th F needs room for one more activation, so j - x B's (x held) and j - x - y_max(x)
+   W's have ended. The worker is one machine: after micro-batch i's B is released (its F start +
+   F + chain), it still runs the B's and W's of the later ones that must have ended and the F's
+   that need them, one at a time. The least last F start, last B end (the stretch of 2 and 3) and
+   last W end follow.
 """
 
 from __future__ import annotations
@@ -142,31 +144,71 @@ def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, f
 
 
 RECURRENCE_MAX_STEPS = 1_000_000
-"""`last_f_start` runs n x min(k, n) steps; above this it is skipped (the weaker memory-time terms
+"""`paced_stage` runs n x min(k, n) steps; above this it is skipped (the weaker memory-time terms
 still hold): a stage left with one worker of 1024 would otherwise take seconds."""
 
 
-def last_f_start(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> float:
-    """Least time from a stage-s worker's first F start to its n-th F start (module docstring, 6.),
-    where `round_trip` (F + chain + B) is the least time from a micro-batch's F start to its B end.
-    0 when the recurrence is skipped (`RECURRENCE_MAX_STEPS`)."""
-    if n <= 1 or n * min(k, n) > RECURRENCE_MAX_STEPS:
-        return 0.0
-    f, w = costs.forward[s], costs.backward_weight[s]
+@dataclass(frozen=True, slots=True)
+class Paced:
+    """Least times from a stage-s worker's first F start (bound 6, docs/notes/bounds.md section 7)."""
+    last_f_start: float
+    last_b_end: float
+    last_w_end: float
+
+
+class _PrefixMost:
+    """Running maxima over micro-batches i (sorted by F start) of start_i - i x slope, one per slope,
+    so the most of start_i + (count - i) x cost over i < count is one lookup (`most`)."""
+
+    def __init__(self, slopes: tuple[float, ...]) -> None:
+        self.slopes = slopes
+        self.most: list[list[float]] = [[] for _ in slopes]
+
+    def append(self, start: float) -> None:
+        i = len(self.most[0])
+        for row, slope in zip(self.most, self.slopes, strict=True):
+            row.append(max(row[-1], start - i * slope) if row else start)
+
+    def upto(self, which: int, count: int) -> float:
+        """Most of start_i - i x slope over i < count; -inf when count <= 0."""
+        return self.most[which][min(count, len(self.most[which])) - 1] if count > 0 else float("-inf")
+
+
+def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> Paced:
+    """Least F starts, last B end and last W end of a stage-s worker with n micro-batches, k held at
+    once, and `round_trip` (F + chain + B) the least time from a micro-batch's F start to its B end
+    (module docstring, 6.). All 0 when skipped (`RECURRENCE_MAX_STEPS`)."""
+    held = min(k, n)
+    if n <= 1 or n * held > RECURRENCE_MAX_STEPS:
+        return Paced(0.0, 0.0, 0.0)
+    f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
+    release = round_trip - b  # F start -> its B may start
+    # Micro-batch i's B is released at start_i + release; after that the worker still runs the B's
+    # of i..backs-1, the W's of i..weights-1 and every F numbered >= held + i (it needs i + 1 B's
+    # ended). Which of the three counts applies depends on i, hence a prefix maximum per mix:
+    # 0: B + W + F, 1: B + F, 2: B + W, 3: B alone (a mix that leaves out a count is still a bound).
+    prefix = _PrefixMost((b + w + f, b + f, b + w, b))
+
+    def after_releases(backs: int, weights: int, forwards: int) -> float:
+        both = min(weights, forwards)
+        return release + backs * b + max(
+            prefix.upto(0, both) + weights * w + forwards * f, prefix.upto(1, forwards) + forwards * f,
+            prefix.upto(2, weights) + weights * w, prefix.upto(3, backs))
+
     # Per x (others between F start and B end when an F starts): how many may wait for their W.
-    pending = [pending_w_cap(costs, s, x + 1, n) for x in range(min(k, n))]
-    starts = [0.0] * n  # starts[j]: least start of the (j + 1)-th F, the first at 0
+    pending = [pending_w_cap(costs, s, x + 1, n) for x in range(held)]
+    starts = [0.0]  # starts[j]: least start of the (j + 1)-th F, the first at 0
+    prefix.append(0.0)
     for j in range(1, n):
         least = float("inf")
         for x, y in enumerate(pending):
             if x > j or y < 0:
                 break  # x > j: fewer than x micro-batches started; y < 0: x + 1 do not fit
-            # One of the last x + 1 started has ended its B, one of the last x + y + 1 its W.
-            after_b = starts[j - x - 1] + round_trip if j - x - 1 >= 0 else 0.0
-            after_w = starts[j - x - y - 1] + round_trip + w if j - x - y - 1 >= 0 else 0.0
-            least = min(least, max(after_b, after_w))
-        starts[j] = max(starts[j - 1] + f, least)
-    return starts[-1]
+            # j - x B's and at least j - x - y W's have ended before the (j + 1)-th F starts.
+            least = min(least, max(0.0, after_releases(j - x, j - x - y, j - held)))
+        starts.append(max(starts[-1] + f, least))
+        prefix.append(starts[-1])
+    return Paced(starts[-1], after_releases(n, 0, n - held), after_releases(n, n, n - held))
 
 
 def stage_hops(costs: StageCosts, stages: int) -> list[float]:
@@ -217,13 +259,13 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         # most k at once; and first F start -> last W end holds a MB for >= F + chain + B and aw MB
         # for >= W per micro-batch, at most L MB at once.
         round_trip = f[s] + chain + b[s]
-        last_start = last_f_start(costs, s, n, k, round_trip)
+        paced = paced_stage(costs, s, n, k, round_trip)
         stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, fill_idle(costs, s, n, k, chain)),
-                         n * round_trip / max(held, 1), last_start + round_trip)
+                         n * round_trip / max(held, 1), paced.last_b_end)
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
         mb_time = n * (costs.activation[s] * round_trip + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]
-        value = max(stretch[s] + w[s], mb_time / limit if limit > 0 else 0.0) + tail
+        value = max(stretch[s] + w[s], mb_time / limit if limit > 0 else 0.0, paced.last_w_end) + tail
         if value > best.value_ms:
             best = Bound(value, f"memory-time at stage {s}: {n} micro-batches, {held} held at once")
 

@@ -1,4 +1,4 @@
-"""Bound 6, the F-start recurrence (planner/bounds.py `last_f_start`, docs/notes/bounds.md section 7).
+"""Bound 6, the F-start recurrence (planner/bounds.py `paced_stage`, docs/notes/bounds.md section 7).
 
 When a worker holds as many micro-batches as its memory allows, its next F waits for a B end, and
 where the micro-batches waiting for their W leave no room, for a W end: F starts are paced by round
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import planner.bounds as bounds
-from planner.bounds import last_f_start, lower_bound
+from planner.bounds import lower_bound, paced_stage
 from planner.cp import cpsat
 from planner.simulator import replay
 from planner.solve import plan
@@ -35,29 +35,35 @@ STAGE_ZERO_DEAD = [(2, 0), (6, 0), (5, 0)]
 def test_hand_worked_seven_by_four():
     """Stage 0 holds 3 x 3.3 = 9.9 of 11 MB; a fourth F (3.3) fits only once one of the three has
     ended its B and, since 2 x 3.3 + 3.3 + 2.47 = 12.37 > 11, its W too. A round trip is
-    F + (F + B at stages 1-3) + B + 6 hops of 0.37 = 4.1 + 22.5 + 4.1 + 2.22 = 32.92 ms, and the W
-    1.6 more: the 4th F starts >= 34.52 after the 1st, the 7th 34.52 after the 4th, ..., the 31st
-    at >= 10 x 34.52 = 345.2, the 32nd one F later, 349.3. Its W ends >= 349.3 + 34.52, then
-    all-reduce and optimizer: 383.82 + 24.5 + 4.9 = 413.22. The even spread said
+    F + (F + B at stages 1-3) + B + 6 hops of 0.37 = 4.1 + 22.5 + 4.1 + 2.22 = 32.92 ms, so the
+    1st micro-batch's B may start at 28.82 and the 4th F at 28.82 + B + W = 34.52. The 5th F needs
+    two B's and W's ended, both after 28.82, and the 4th F between them: 28.82 + 2 x 5.7 + 4.1 =
+    44.32; the 6th 54.12: inside a group the F's go B + W + F = 9.8 apart, and each F starts
+    34.52 after the one three earlier. The 31st (group 11's first) starts at 10 x 34.52 = 345.2,
+    the 32nd at 355.0. Its W ends >= 355.0 + 34.52 = 389.52, then all-reduce and optimizer:
+    + 24.5 + 4.9 = 418.92. Spacing F's one F apart said 413.22; the even spread
     32 x 32.92 / 3 + 1.6 + 29.4 = 382.15."""
     job = JobSpec.parse(SEVEN_BY_FOUR)
-    assert last_f_start(job.costs, 0, 32, 3, 32.92) == pytest.approx(349.3, abs=1e-9)
+    paced = paced_stage(job.costs, 0, 32, 3, 32.92)
+    assert paced.last_f_start == pytest.approx(355.0, abs=1e-9)
+    assert paced.last_w_end == pytest.approx(389.52, abs=1e-9)
     bound = lower_bound(job, STAGE_ZERO_DEAD)
-    assert bound.value_ms == pytest.approx(413.22, abs=1e-9)
+    assert bound.value_ms == pytest.approx(418.92, abs=1e-9)
     assert bound.reason.startswith("memory-time at stage 0: 32 micro-batches, 3 held at once")
 
 
 def test_without_pending_w_the_groups_are_whole_round_trips():
     """activation_w 0: only B ends free memory, so with k held at once the F's go in groups of k,
-    one F apart inside a group and one round trip from a group to the next: the n-th F starts at
-    floor((n - 1) / k) x round trip + ((n - 1) mod k) x F. 7 micro-batches, k = 3, F = 1, round
-    trip 10: 2 x 10 + 0 = 20; 8: 21; 9: 22; 10: 30."""
+    one round trip from a group to the next. The first group's F's are one F apart; from the
+    second group on each F needs one more B ended, so they go B + F apart: with k = 3, F = B = 1,
+    round trip 10 (a B may start 9 after its F): 0, 1, 2 | 10, 12, 14 | 20, 22, 24 | 30. The n-th F
+    for n = 1, 2, 3, 7, 8, 9, 10: 0, 1, 2, 20, 22, 24, 30."""
     job = JobSpec.parse({"pipelines": 1, "stages": 2, "microbatches": 10, "forward_ms": 1.0,
                          "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.0,
                          "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 2.0,
                          "activation_w_mb": 0.0, "memory_limit_mb": 6.0})
-    assert [last_f_start(job.costs, 0, n, 3, 10.0) for n in (1, 2, 3, 7, 8, 9, 10)] == \
-        [0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 30.0]
+    assert [paced_stage(job.costs, 0, n, 3, 10.0).last_f_start for n in (1, 2, 3, 7, 8, 9, 10)] == \
+        [0.0, 1.0, 2.0, 20.0, 22.0, 24.0, 30.0]
 
 
 whole = st.integers(1, 4).map(float)
