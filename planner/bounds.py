@@ -156,24 +156,6 @@ class Paced:
     last_w_end: float
 
 
-class _PrefixMost:
-    """Running maxima over micro-batches i (sorted by F start) of start_i - i x slope, one per slope,
-    so the most of start_i + (count - i) x cost over i < count is one lookup (`most`)."""
-
-    def __init__(self, slopes: tuple[float, ...]) -> None:
-        self.slopes = slopes
-        self.most: list[list[float]] = [[] for _ in slopes]
-
-    def append(self, start: float) -> None:
-        i = len(self.most[0])
-        for row, slope in zip(self.most, self.slopes, strict=True):
-            row.append(max(row[-1], start - i * slope) if row else start)
-
-    def upto(self, which: int, count: int) -> float:
-        """Most of start_i - i x slope over i < count; -inf when count <= 0."""
-        return self.most[which][min(count, len(self.most[which])) - 1] if count > 0 else float("-inf")
-
-
 def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> Paced:
     """Least F starts, last B end and last W end of a stage-s worker with n micro-batches, k held at
     once, and `round_trip` (F + chain + B) the least time from a micro-batch's F start to its B end
@@ -187,27 +169,41 @@ def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) ->
     # of i..backs-1, the W's of i..weights-1 and every F numbered >= held + i (it needs i + 1 B's
     # ended). Which of the three counts applies depends on i, hence a prefix maximum per mix:
     # 0: B + W + F, 1: B + F, 2: B + W, 3: B alone (a mix that leaves out a count is still a bound).
-    prefix = _PrefixMost((b + w + f, b + f, b + w, b))
+    slopes = (b + w + f, b + f, b + w, b)
+    most: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])  # most[c][i]: over i' <= i of
+    # start_i' - i' x slopes[c]; the first F starts at 0
 
     def after_releases(backs: int, weights: int, forwards: int) -> float:
-        both = min(weights, forwards)
-        return release + backs * b + max(
-            prefix.upto(0, both) + weights * w + forwards * f, prefix.upto(1, forwards) + forwards * f,
-            prefix.upto(2, weights) + weights * w, prefix.upto(3, backs))
+        # Every count is at most the number of starts known (forwards < backs, weights <= backs).
+        best = most[3][backs - 1] if backs > 0 else float("-inf")
+        if forwards > 0:
+            best = max(best, most[1][forwards - 1] + forwards * f)
+        if weights > 0:
+            best = max(best, most[2][weights - 1] + weights * w)
+            if forwards > 0:
+                best = max(best, most[0][min(weights, forwards) - 1] + weights * w + forwards * f)
+        return release + backs * b + best
+
+    def append(start: float) -> None:
+        i = len(starts)
+        starts.append(start)
+        for row, slope in zip(most, slopes, strict=True):
+            row.append(max(row[-1], start - i * slope))
 
     # Per x (others between F start and B end when an F starts): how many may wait for their W.
     pending = [pending_w_cap(costs, s, x + 1, n) for x in range(held)]
-    starts = [0.0]  # starts[j]: least start of the (j + 1)-th F, the first at 0
-    prefix.append(0.0)
+    starts = [0.0]  # starts[j]: least start of the (j + 1)-th F
     for j in range(1, n):
+        if j < held and pending[j] >= 0:  # x = j: all j held and one more fit, nothing need end
+            append(starts[-1] + f)
+            continue
         least = float("inf")
         for x, y in enumerate(pending):
             if x > j or y < 0:
                 break  # x > j: fewer than x micro-batches started; y < 0: x + 1 do not fit
             # j - x B's and at least j - x - y W's have ended before the (j + 1)-th F starts.
             least = min(least, max(0.0, after_releases(j - x, j - x - y, j - held)))
-        starts.append(max(starts[-1] + f, least))
-        prefix.append(starts[-1])
+        append(max(starts[-1] + f, least))
     return Paced(starts[-1], after_releases(n, 0, n - held), after_releases(n, n, n - held))
 
 

@@ -47,7 +47,14 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Cal
     # by far more than a rounding error; with durations that small it is left out.
     with_idle = min(f, b + w) > 1e-9
 
+    known: dict[int, float] = {}  # the searches ask for the same n many times
+
     def g(n: int) -> float:
+        if n not in known:
+            known[n] = _g(n)
+        return known[n]
+
+    def _g(n: int) -> float:
         if n <= 0:
             return tail
         # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
