@@ -70,7 +70,9 @@ micro-batches than a bound assumes."""
 def holds(costs: StageCosts, s: int, cap: int) -> int:
     """Most stage-s micro-batches one worker may hold between F start and B end (at most cap)."""
     act = costs.activation[s]
-    return cap if act <= 0 else min(cap, int((costs.memory_limit_mb + MEMORY_TOLERANCE_MB) / act + _EPS))
+    # Compared as floats first: a tiny activation makes the quotient too large for int().
+    fit = (costs.memory_limit_mb + MEMORY_TOLERANCE_MB) / act + _EPS if act > 0 else float("inf")
+    return cap if fit >= cap else int(fit)
 
 
 def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
@@ -80,7 +82,8 @@ def pending_w_cap(costs: StageCosts, s: int, held_full: int, cap: int) -> int:
     if room < -_EPS:
         return -1
     aw = costs.activation_w[s]
-    return cap if aw <= 0 else min(cap, int(room / aw + _EPS))
+    fit = room / aw + _EPS if aw > 0 else float("inf")
+    return cap if fit >= cap else int(fit)
 
 
 def held_at_last_f(costs: StageCosts, s: int, n: int, k: int) -> list[tuple[int, int]]:
@@ -170,8 +173,8 @@ def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) ->
     # ended). Which of the three counts applies depends on i, hence a prefix maximum per mix:
     # 0: B + W + F, 1: B + F, 2: B + W, 3: B alone (a mix that leaves out a count is still a bound).
     slopes = (b + w + f, b + f, b + w, b)
-    most: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])  # most[c][i]: over i' <= i of
-    # start_i' - i' x slopes[c]; the first F starts at 0
+    # most[c][i]: the largest start_i' - i' x slopes[c] over i' <= i (the first F starts at 0).
+    most: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])
 
     def after_releases(backs: int, weights: int, forwards: int) -> float:
         # Every count is at most the number of starts known (forwards < backs, weights <= backs).

@@ -218,7 +218,9 @@ class StageCosts:
     def fits(self, stage: int, cap: int) -> int:
         """How many stage-`stage` micro-batches a worker can hold at once (at most `cap`)."""
         act = self.activation[stage]
-        return cap if act <= 0 else min(cap, int(self.memory_limit_mb / act + 1e-9))
+        # Compared as floats first: a tiny activation makes the quotient too large for int().
+        fit = self.memory_limit_mb / act + 1e-9 if act > 0 else float("inf")
+        return cap if fit >= cap else int(fit)
 
     def duration(self, kind: str, stage: int) -> float:
         return getattr(self, _DURATION_FIELD[kind])[stage]

@@ -131,3 +131,56 @@ def test_cp_sat_finds_no_plan_below_the_recurrence(monkeypatch, case):
     if found.ops is not None:
         assert validate(job, canonical, found.ops) == []
         assert found.period_ms >= bound, (found.period_ms, bound)
+
+
+def direct_paced(costs, s, n, k, round_trip):
+    """The recurrence of docs/notes/bounds.md section 7 read literally: for every F, every x and
+    every released micro-batch i, the work that must follow i's release, with no prefix maxima."""
+    f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
+    held, release = min(k, n), round_trip - b
+
+    def after(starts, backs, weights, forwards):
+        return max((starts[i] + release + (backs - i) * b + max(0, weights - i) * w
+                    + max(0, forwards - i) * f for i in range(backs)), default=0.0)
+
+    starts = [0.0]
+    for j in range(1, n):
+        least = float("inf")
+        for x in range(held):
+            y = bounds.pending_w_cap(costs, s, x + 1, n)
+            if x > j or y < 0:
+                break
+            least = min(least, after(starts, j - x, j - x - y, j - held))
+        starts.append(max(starts[-1] + f, least))
+    return starts[-1], after(starts, n, 0, n - held), after(starts, n, n, n - held)
+
+
+@settings(FALSIFY, max_examples=150)
+@given(st.floats(0.5, 5), st.floats(0.5, 5), st.floats(0.1, 4), st.sampled_from([1.0, 2.0, 2.6, 3.3]),
+       st.floats(0.0, 1.0), st.floats(1.0, 8.0), st.integers(2, 30), st.floats(5.0, 80.0))
+def test_prefix_maxima_equal_the_direct_recurrence(f, b, w, act, w_share, slots, n, round_trip):
+    """`paced_stage` takes the largest term over the released micro-batches from four running
+    prefix maxima; the literal double loop must give the same three times."""
+    job = JobSpec.parse({"pipelines": 1, "stages": 2, "microbatches": 2, "forward_ms": [f, 1.0],
+                         "backward_input_ms": [b, 1.0], "backward_weight_ms": [w, 1.0],
+                         "p2p_ms": 0.0, "allreduce_ms": 0.0, "optimizer_ms": 0.0,
+                         "activation_mb": [act, 1.0], "activation_w_mb": [act * w_share, 0.0],
+                         "memory_limit_mb": act * slots})
+    k = bounds.holds(job.costs, 0, n)
+    assume(k >= 1)
+    paced = paced_stage(job.costs, 0, n, k, round_trip)
+    expected = direct_paced(job.costs, 0, n, k, round_trip)
+    assert (paced.last_f_start, paced.last_b_end, paced.last_w_end) == pytest.approx(expected, abs=1e-9)
+
+
+def test_tiny_activations_bound_like_free_memory():
+    """A positive activation below 1e-300 MB makes limit / activation overflow an int; the slot
+    counts must then read "as many as asked", the same bound as with activations of 0 (the
+    fuzzing above found the OverflowError)."""
+    spec = {"pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": 1.0,
+            "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.5, "allreduce_ms": 1.0,
+            "optimizer_ms": 0.5, "memory_limit_mb": 4.0}
+    tiny = lower_bound(JobSpec.parse({**spec, "activation_mb": 1e-320, "activation_w_mb": 1e-321}),
+                       [(1, 0)])
+    free = lower_bound(JobSpec.parse({**spec, "activation_mb": 0.0, "activation_w_mb": 0.0}), [(1, 0)])
+    assert tiny.value_ms == free.value_ms

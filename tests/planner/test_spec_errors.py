@@ -95,3 +95,19 @@ def test_failure_class_cap_counts_exactly(make_job):
     assert list(enumerate_failure_classes(job, 2, max_classes=len(every))) == every
     with pytest.raises(SpecError, match="more than"):
         list(enumerate_failure_classes(job, 2, max_classes=len(every) - 1))
+
+
+@pytest.mark.parametrize("failed", [[], [(1, 0)]])
+def test_a_tiny_activation_plans_like_none(failed):
+    """Positive activations below 1e-300 MB are valid input; memory / activation then overflows
+    int(), which once ended the plan in an OverflowError. Expected: the plan and bound of the same
+    job with activations of 0 (nothing limits memory either way)."""
+    from planner.validate import validate
+    spec = {"pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": 1.0,
+            "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.5, "allreduce_ms": 1.0,
+            "optimizer_ms": 0.5, "memory_limit_mb": 4.0}
+    tiny = JobSpec.parse({**spec, "activation_mb": 1e-320, "activation_w_mb": 1e-321})
+    free = JobSpec.parse({**spec, "activation_mb": 0.0, "activation_w_mb": 0.0})
+    got, want = plan(tiny, failed, use_cp=False), plan(free, failed, use_cp=False)
+    assert validate(tiny, failed, got.ops) == []
+    assert (got.iteration_ms, got.lower_bound_ms) == (want.iteration_ms, want.lower_bound_ms)
