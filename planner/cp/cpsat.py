@@ -169,7 +169,10 @@ def improve(
         placed = _placed(model, solver)
         if scale.exact:
             result.model_ops = _model_ops(model, placed, solver)
-        ops = retime(job, {w: [key for _, key in seq] for w, seq in placed.items()}).ops
+        orders = {w: [key for _, key in seq] for w, seq in placed.items()}
+        for w in model.inst.alive_workers:  # one that serves nothing still all-reduces (rule 5)
+            orders.setdefault(w, [])
+        ops = retime(job, orders).ops
         period = replay(job, ops).iteration_ms
         if period < hint_period_ms - 1e-6 and not validate(job, failed, ops):
             result.ops, result.period_ms = ops, period

@@ -145,7 +145,10 @@ def _orders_from(sub: OrderSub, solver: cp_model.CpSolver) -> Orders:
     for key, w in sub.base.worker.items():
         t = solver.Value(sub.start[key])
         placed[w].append((t, key))
-    return {w: [k for _, k in sorted(seq)] for w, seq in placed.items()}
+    orders = {w: [k for _, k in sorted(seq)] for w, seq in placed.items()}
+    for w in sub.base.orders:  # a worker that serves nothing keeps its all-reduce (rule 5)
+        orders.setdefault(w, [])
+    return orders
 
 
 def _period(job: JobSpec, orders: Orders) -> tuple[float, list[Op], int] | None:

@@ -13,6 +13,7 @@ from planner.bounds import lower_bound
 from planner.cp import cpsat
 from planner.cp.orders import relabel, retime, steady_state
 from planner.cp.timing import choose_scale
+from planner.dropping import dropped_job, relabel_dropped
 from planner.failures import normalize
 from planner.paper_style import paper_style_schedule
 from planner.simulator import replay
@@ -277,3 +278,32 @@ def test_time_scale(value, scale, exact):
     job = make_job(1, 2, 1, p2p_ms=value)
     chosen = choose_scale(job)
     assert (chosen.scale, chosen.exact) == (scale, exact)
+
+
+def dissolved_1f1b_hint():
+    """Pipeline 0 of a 3 x 4 x 4 job loses stage 0 and is dissolved (the dropped plan: its three
+    alive workers run only ALLREDUCE and OPTIMIZER, rule 5) with 1F1B orders, which W's of 3 ms
+    make slow: 45.0 ms against a bound of 39.0 that splitting the backward reaches."""
+    job = make_job(3, 4, 4, backward_input_ms=1.0, backward_weight_ms=3.0)
+    failed = normalize(job, [(0, 0)]).failed
+    dropped = dropped_job(job, failed)
+    hint = relabel_dropped(job, failed, dropped, paper_style_schedule(dropped, ()))
+    assert not validate(job, failed, hint)
+    return job, failed, hint, replay(job, hint).iteration_ms
+
+
+def test_an_improved_plan_keeps_the_collectives_of_workers_that_serve_nothing():
+    """The CP solution has no compute op on the dissolved pipeline's workers; its plan must still
+    give them their all-reduce and optimizer (it once lost them, so the optimum was thrown away as
+    invalid and nothing came back)."""
+    job, failed, hint, period = dissolved_1f1b_hint()
+    bound = lower_bound(job, failed).value_ms
+    assert (period, bound) == (45.0, 39.0)
+    res = cpsat.improve(job, failed, hint, period, bound, 60.0, seed=0, fixed_routing=True,
+                        deterministic_time=5.0)
+    assert res.ops is not None, res
+    assert not validate(job, failed, res.ops)
+    assert res.period_ms == pytest.approx(bound)
+    idle = [(0, s) for s in range(1, 4)]
+    assert {(o.worker, o.kind) for o in res.ops if o.worker in idle} == {
+        (w, k) for w in idle for k in ("ALLREDUCE", "OPTIMIZER")}

@@ -100,3 +100,18 @@ def test_solve_step_records_the_lns_with_its_parameters():
     assert stats.lns["parameters"]["num_workers"] == 1
     assert stats.lns["parameters"]["cp_model_presolve"] is False
     assert stats.to_json()["lns"] == stats.lns
+
+
+def test_an_accepted_plan_keeps_the_collectives_of_workers_that_serve_nothing():
+    """From a dissolved pipeline's 1F1B plan (its alive workers run only ALLREDUCE and OPTIMIZER;
+    see test_cpsat.dissolved_1f1b_hint) the search reaches the bound, 39.0 ms, and its plan is valid:
+    it once re-timed only the workers with compute ops, so every plan it found from a dropped plan
+    lacked those workers' all-reduce and was thrown away by the planner."""
+    from tests.planner.test_cpsat import dissolved_1f1b_hint
+
+    job, failed, hint, period = dissolved_1f1b_hint()
+    result = lns.improve_lns(job, failed, hint, period, 39.0, 60.0, 0, max_neighbourhoods=10,
+                             sub_deterministic_time=0.5)
+    assert result.ops is not None
+    assert not validate(job, failed, result.ops)
+    assert result.period_ms == pytest.approx(39.0)
