@@ -52,6 +52,9 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    F + chain), it still runs the B's and W's of the later ones that must have ended and the F's
    that need them, one at a time. The least last F start, last B end (the stretch of 2 and 3) and
    last W end follow.
+7. First wave (`planner.bounds_wave`): where a stage's workers run one micro-batch at a time and
+   outnumber the next stage's slots, the first micro-batches of some of them wait a whole
+   next-stage window at the start of the iteration, which lengthens those workers' chains.
 """
 
 from __future__ import annotations
@@ -286,4 +289,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     from planner.bounds_pairs import pair_bound  # it builds on this module's helpers
 
     pairs = pair_bound(job, failed, floor_ms=best.value_ms)
-    return pairs if pairs.value_ms > best.value_ms else best
+    best = pairs if pairs.value_ms > best.value_ms else best
+    from planner.bounds_wave import first_wave_bound  # it builds on bound 4's per-worker g
+
+    wave = first_wave_bound(job, failed)
+    return wave if wave.value_ms > best.value_ms else best

@@ -58,7 +58,7 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Cal
         if n <= 0:
             return tail
         # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
-        # n + 1 (n x r / n can be one ulp below r, and `_served` relies on g being non-decreasing).
+        # n + 1 (n x r / n can be one ulp below r, and `most_served` relies on g being non-decreasing).
         work = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
         value = max(work, (f + chain + b) * (n / min(k, n)) + w)
         if limit > 0:
@@ -70,7 +70,7 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Cal
     return g
 
 
-def _served(g: Callable[[int], float], period: float, most: int) -> int:
+def most_served(g: Callable[[int], float], period: float, most: int) -> int:
     """max{n <= most : g(n) <= period} (g non-decreasing)."""
     lo, hi = 0, most
     while lo < hi:
@@ -85,7 +85,7 @@ def _served(g: Callable[[int], float], period: float, most: int) -> int:
 def _least_period(kinds: Kinds, total: int) -> float:
     """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
     def covers(period: float) -> bool:
-        return sum(count * _served(g, period, total) for count, g in kinds) >= total
+        return sum(count * most_served(g, period, total) for count, g in kinds) >= total
 
     best = float("inf")
     for _, g in kinds:
@@ -133,7 +133,7 @@ def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
         cut, kinds = _stage_kinds(job, dead, s, hop)
         if cut:
             g_cut = kinds[0][1]
-            shares.add(min(job.microbatches, _served(g_cut, _least_period(kinds, total), total)))
+            shares.add(min(job.microbatches, most_served(g_cut, _least_period(kinds, total), total)))
     return sorted(shares)
 
 
