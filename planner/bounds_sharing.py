@@ -121,6 +121,33 @@ def _stage_kinds(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int
     return cut, kinds
 
 
+def _kinds_by_crossing(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int, Kinds]:
+    """(how many stage-s workers must cross pipelines below, the stage's kinds of worker by chain).
+
+    A worker (p, s) whose pipeline has a dead stage below it, the nearest t, cannot carry a
+    micro-batch to stage t on its own pipeline: its forward path to stage t and the gradient's way
+    back each take at least one cross-pipeline hop, at some hop u in s..t-1, so its chain is at
+    least the own one plus 2 min_u (cross_u - hop_u). With t = s + 1 this is the cut kind of
+    `_stage_kinds`."""
+    costs = job.costs
+    S, total = job.stages, job.pipelines * job.microbatches
+    f, b = costs.forward, costs.backward_input
+    alive = [p for p in range(job.pipelines) if (p, s) not in dead]
+    if s == S - 1:
+        return 0, [(len(alive), per_worker_bound(costs, s, 0.0, total))]
+    own = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
+    extra_of = []
+    for p in alive:
+        nearest = next((t for t in range(s + 1, S) if (p, t) in dead), None)
+        extra_of.append(0.0 if nearest is None else 2 * min(
+            max(0.0, min(costs.cross_p2p[u], costs.cross_p2p[u + 1]) - hop[u]) for u in range(s, nearest)))
+    kinds: Kinds = []
+    for extra in sorted(set(extra_of), reverse=True):
+        kinds.append((extra_of.count(extra), per_worker_bound(costs, s, own + extra, total)))
+    return sum(1 for p, extra in zip(alive, extra_of, strict=True)
+               if any((p, t) in dead for t in range(s + 1, S))), kinds
+
+
 def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:
     """How many micro-batches a cut worker serves at the period bound 4 gives its stage, for every
     stage with cut workers: the share a plan that reaches that bound would give it. The search uses
@@ -145,12 +172,12 @@ def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bo
     hop = stage_hops(job.costs, job.stages)
     best = Bound(0.0, "")
     for s in range(job.stages):
-        cut, kinds = _stage_kinds(job, dead, s, hop)
+        cut, kinds = _kinds_by_crossing(job, dead, s, hop)
         value = _least_period(kinds, total)
         if value > best.value_ms:
             alive = sum(count for count, _ in kinds)
-            best = Bound(value, f"sharing at stage {s}: {cut} of {alive} workers cut from the "
-                                f"next stage, {total} micro-batches" if cut else
+            best = Bound(value, f"sharing at stage {s}: {cut} of {alive} workers cut from a "
+                                f"stage below, {total} micro-batches" if cut else
                                 f"one at a time at stage {s}: {total} micro-batches on {alive} "
                                 f"workers")
     return best

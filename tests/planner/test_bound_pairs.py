@@ -79,10 +79,11 @@ def pair_cases(seed: int):
     return job, failed, rng.randrange(2**31)
 
 
-BINDING_SEEDS = [8, 71, 74, 135, 150, 154, 169, 194, 217, 250, 262, 273, 312, 342, 396, 416, 452, 495,
+BINDING_SEEDS = [8, 71, 74, 135, 150, 154, 169, 194, 217, 250, 273, 312, 342, 396, 416, 452, 495,
                  498, 516, 564, 592]
-"""The `pair_cases` seeds below 600 where bound 5 is above bounds 1-4 (22 of 600; checked by
-test_the_binding_seeds_bind)."""
+"""The `pair_cases` seeds below 600 where bound 5 is above bounds 1-4 and 7 (21 of 600; checked by
+test_the_binding_seeds_bind). Seed 262 left the list when bound 4 learnt that a worker whose
+pipeline lost a lower stage crosses pipelines on the way (206.0 -> 222.0 there)."""
 
 
 def test_the_binding_seeds_bind(monkeypatch):

@@ -203,3 +203,24 @@ def test_per_worker_bound_never_decreases(times, chain, holds_n, total):
     g = per_worker_bound(job.costs, 0, chain, total)
     values = [g(n) for n in range(1, total + 1)]
     assert all(x <= y for x, y in zip(values, values[1:], strict=False))
+
+
+def test_a_worker_whose_pipeline_lost_a_lower_stage_crosses_pipelines_on_the_way():
+    """6 x 3 x 5, (0, 0) and (2, 2) dead. Stage 0 runs one micro-batch at a time (3 + 2 MB > 4):
+    per micro-batch 4 + 4.2 + 2 + 0.3 + 3.5 + 3.9 + 0.3 + 5 + 5.5 + 0.3 + 0.3 = 29.3 on its own
+    pipeline, tail 13.5, and five workers for 30 micro-batches: six each, 189.3 (bound 4 as it was).
+    But (2, 0) has no stage 2 on its pipeline: each of its micro-batches goes to another pipeline
+    somewhere on the way down and its gradient comes back across too, 2 x (1.4 - 0.3) = 2.2 more:
+    6 x 31.5 + 13.5 = 202.5 with six, and with five the others need seven (7 x 29.3 + 13.5 =
+    218.6). The planner's heuristic reaches 202.5: proven optimal."""
+    job = JobSpec.parse({"pipelines": 6, "stages": 3, "microbatches": 5, "forward_ms": [4.0, 3.5, 5.0],
+                         "backward_input_ms": [4.2, 3.9, 5.5], "backward_weight_ms": [2.0, 3.0, 1.5],
+                         "p2p_ms": 0.3, "cross_pipeline_p2p_ms": 1.4, "allreduce_ms": 12.0,
+                         "optimizer_ms": 1.5, "activation_mb": [3.0, 2.5, 2.0],
+                         "activation_w_mb": [2.0, 1.0, 1.0], "memory_limit_mb": 4.0})
+    failed = [(0, 0), (2, 2)]
+    assert sharing_bound(job, failed).value_ms == pytest.approx(202.5)
+    assert lower_bound(job, failed).value_ms == pytest.approx(202.5)
+    heuristic = plan(job, failed, use_cp=False)
+    assert not validate(job, heuristic.failed, heuristic.ops)
+    assert heuristic.iteration_ms == pytest.approx(202.5)
