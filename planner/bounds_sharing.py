@@ -82,13 +82,13 @@ def most_served(g: Callable[[int], float], period: float, most: int) -> int:
     return lo
 
 
-def _least_period(kinds: Kinds, total: int) -> float:
-    """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
-    def covers(period: float) -> bool:
-        return sum(count * most_served(g, period, total) for count, g in kinds) >= total
-
+def least_covering(families: list[Callable[[int], float]], covers: Callable[[float], bool],
+                   total: int) -> float:
+    """The least P among the values g(n), 1 <= n <= total, of the (non-decreasing) `families` for
+    which `covers(P)` holds, `covers` non-decreasing in P: the smallest such n per family by
+    bisection. inf when none covers."""
     best = float("inf")
-    for _, g in kinds:
+    for g in families:
         lo, hi = 1, total
         if not covers(g(hi)):
             continue
@@ -100,6 +100,14 @@ def _least_period(kinds: Kinds, total: int) -> float:
                 lo = mid + 1
         best = min(best, g(lo))
     return best
+
+
+def _least_period(kinds: Kinds, total: int) -> float:
+    """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
+    def covers(period: float) -> bool:
+        return sum(count * most_served(g, period, total) for count, g in kinds) >= total
+
+    return least_covering([g for _, g in kinds], covers, total)
 
 
 def _stage_kinds(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int, Kinds]:
@@ -136,16 +144,13 @@ def _kinds_by_crossing(job: JobSpec, dead: set, s: int, hop: list[float]) -> tup
     if s == S - 1:
         return 0, [(len(alive), per_worker_bound(costs, s, 0.0, total))]
     own = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
-    extra_of = []
-    for p in alive:
-        nearest = next((t for t in range(s + 1, S) if (p, t) in dead), None)
-        extra_of.append(0.0 if nearest is None else 2 * min(
-            max(0.0, min(costs.cross_p2p[u], costs.cross_p2p[u + 1]) - hop[u]) for u in range(s, nearest)))
-    kinds: Kinds = []
-    for extra in sorted(set(extra_of), reverse=True):
-        kinds.append((extra_of.count(extra), per_worker_bound(costs, s, own + extra, total)))
-    return sum(1 for p, extra in zip(alive, extra_of, strict=True)
-               if any((p, t) in dead for t in range(s + 1, S))), kinds
+    nearest_dead = [next((t for t in range(s + 1, S) if (p, t) in dead), None) for p in alive]
+    extra_of = [0.0 if t is None else 2 * min(
+        max(0.0, min(costs.cross_p2p[u], costs.cross_p2p[u + 1]) - hop[u]) for u in range(s, t))
+        for t in nearest_dead]
+    kinds: Kinds = [(extra_of.count(extra), per_worker_bound(costs, s, own + extra, total))
+                    for extra in sorted(set(extra_of), reverse=True)]
+    return sum(t is not None for t in nearest_dead), kinds
 
 
 def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:

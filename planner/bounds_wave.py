@@ -22,9 +22,10 @@ one late worker's loss it may cause).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from planner.bounds import MEMORY_TOLERANCE_MB, Bound, holds, stage_hops
-from planner.bounds_sharing import most_served, per_worker_bound
+from planner.bounds_sharing import least_covering, most_served, per_worker_bound
 from planner.spec import JobSpec, StageCosts, Worker
 
 Kind = tuple[int, Callable[[int], float], Callable[[int], float]]
@@ -60,23 +61,6 @@ def _covers(kinds: list[Kind], slots: int, total: int, period: float) -> bool:
     return covered >= total
 
 
-def _least_period(kinds: list[Kind], slots: int, total: int) -> float:
-    """The least P that covers the stage: one of the g values, the smallest per family by bisection."""
-    best = float("inf")
-    for family in [g for _, g, _ in kinds] + [g_late for _, _, g_late in kinds]:
-        lo, hi = 1, total
-        if not _covers(kinds, slots, total, family(hi)):
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _covers(kinds, slots, total, family(mid)):
-                hi = mid
-            else:
-                lo = mid + 1
-        best = min(best, family(lo))
-    return best
-
-
 def first_wave_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
     """Bound 7 over every stage that runs one micro-batch at a time and has more alive workers than
     the next stage has slots (module docstring); Bound(0.0, "") where none does."""
@@ -100,7 +84,9 @@ def first_wave_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) ->
                 chain = rest + 2 * first_hop
                 g = per_worker_bound(costs, s, chain, total)
                 kinds.append((count, g, _late(costs, s, chain, max(0.0, rest + hop[s] - first_hop), g)))
-        value = _least_period(kinds, slots, total)
+        # The least covering P is one of the on-time or late g values.
+        value = least_covering([g for _, g, _ in kinds] + [g_late for _, _, g_late in kinds],
+                               partial(_covers, kinds, slots, total), total)
         if value > best.value_ms:
             best = Bound(value, f"first wave at stage {s}: {len(alive)} workers one micro-batch at a "
                                 f"time, {slots} slots at stage {s + 1}")
