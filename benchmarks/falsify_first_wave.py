@@ -1,0 +1,94 @@
+"""Falsify bound 7 (the first wave, planner/bounds_wave.py) on drawn jobs it applies to.
+
+Usage:
+    python benchmarks/falsify_first_wave.py [--seed 2] [--cases 150] [--cp-seconds 2]
+
+Draws small jobs with whole-millisecond times where one stage runs one micro-batch at a time
+(2 MB activations, limit 2-3 MB) and the next stage lost workers, keeps those where the bound
+applies, and compares `lower_bound` with the best of 40 random valid plans, the heuristic plan and,
+where bound 7 raised the bound, CP-SAT's full model from the heuristic with the bound withheld
+(floor 0). Prints every case it raised and a summary; a plan below the bound prints BELOW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import planner.bounds_wave as bounds_wave  # noqa: E402
+from planner.bounds import lower_bound  # noqa: E402
+from planner.cp import cpsat  # noqa: E402
+from planner.simulator import replay  # noqa: E402
+from planner.solve import plan  # noqa: E402
+from planner.spec import JobSpec  # noqa: E402
+from planner.validate import validate  # noqa: E402
+from tests.planner.random_plans import random_plan  # noqa: E402
+
+
+def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
+    D, S, M = rng.randint(2, 5), rng.randint(2, 3), rng.randint(1, 3)
+    def whole() -> list[float]:
+        return [float(rng.randint(1, 6)) for _ in range(S)]
+    spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": whole(),
+            "backward_input_ms": whole(), "backward_weight_ms": whole(),
+            "p2p_ms": float(rng.randint(0, 2)), "cross_pipeline_p2p_ms": float(rng.randint(0, 3)),
+            "allreduce_ms": float(rng.randint(0, 6)), "optimizer_ms": float(rng.randint(0, 2)),
+            "activation_mb": 2.0, "activation_w_mb": rng.choice([1.5, 2.0, 1.0]),
+            "memory_limit_mb": rng.choice([2.0, 3.0])}
+    job = JobSpec.parse(spec)
+    s = rng.randrange(S - 1)
+    failed = [(p, s + 1) for p in rng.sample(range(D), rng.randint(1, D - 1))]
+    if rng.random() < 0.3:
+        failed += [(p, s) for p in rng.sample(range(D), 1) if (p, s + 1) not in failed]
+    return job, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--cases", type=int, default=150)
+    parser.add_argument("--cp-seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    done = raised = below = 0
+    started = time.perf_counter()
+    while done < args.cases:
+        job, failed = drawn_case(rng)
+        if bounds_wave.first_wave_bound(job, failed).value_ms <= 0:
+            continue
+        done += 1
+        bound = lower_bound(job, failed).value_ms
+        wave = bounds_wave.first_wave_bound
+        bounds_wave.first_wave_bound = lambda *_: bounds_wave.Bound(0.0, "")
+        without = lower_bound(job, failed).value_ms
+        bounds_wave.first_wave_bound = wave
+        best = float("inf")
+        for _ in range(40):
+            ops = random_plan(job, failed, rng, stay_home=rng.random(), w_late=rng.random())
+            if ops is not None:
+                assert not validate(job, failed, ops), "random plan invalid"
+                best = min(best, replay(job, ops).iteration_ms)
+        heuristic = plan(job, failed, use_cp=False)
+        best = min(best, heuristic.iteration_ms)
+        if bound > without + 1e-9:
+            raised += 1
+            cp = cpsat.improve(job, tuple(heuristic.failed), heuristic.ops, heuristic.iteration_ms, 0.0,
+                               args.cp_seconds, seed=1)
+            if cp.ops is not None:
+                best = min(best, replay(job, cp.ops).iteration_ms)
+            print(f"raised {without:.1f} -> {bound:.1f}, best plan {best:.1f}", flush=True)
+        if best < bound - 1e-9:
+            below += 1
+            print(f"BELOW {job.filled()} {failed}: plan {best} < bound {bound}", flush=True)
+    print(f"{done} cases, bound 7 raised {raised}, plans below the bound: {below}; "
+          f"{time.perf_counter() - started:.0f} s")
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
