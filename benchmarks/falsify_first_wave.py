@@ -19,15 +19,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from falsify_common import best_random_or_heuristic, cp_sat_from, withheld  # noqa: E402
 
 import planner.bounds_wave as bounds_wave  # noqa: E402
 from planner.bounds import lower_bound  # noqa: E402
-from planner.cp import cpsat  # noqa: E402
-from planner.simulator import replay  # noqa: E402
-from planner.solve import plan  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
-from planner.validate import validate  # noqa: E402
-from tests.planner.random_plans import random_plan  # noqa: E402
 
 
 def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
@@ -63,24 +61,12 @@ def main() -> int:
             continue
         done += 1
         bound = lower_bound(job, failed).value_ms
-        wave = bounds_wave.first_wave_bound
-        bounds_wave.first_wave_bound = lambda *_: bounds_wave.Bound(0.0, "")
-        without = lower_bound(job, failed).value_ms
-        bounds_wave.first_wave_bound = wave
-        best = float("inf")
-        for _ in range(40):
-            ops = random_plan(job, failed, rng, stay_home=rng.random(), w_late=rng.random())
-            if ops is not None:
-                assert not validate(job, failed, ops), "random plan invalid"
-                best = min(best, replay(job, ops).iteration_ms)
-        heuristic = plan(job, failed, use_cp=False)
-        best = min(best, heuristic.iteration_ms)
+        with withheld(bounds_wave, "first_wave_bound"):
+            without = lower_bound(job, failed).value_ms
+        best, heuristic = best_random_or_heuristic(job, failed, rng)
         if bound > without + 1e-9:
             raised += 1
-            cp = cpsat.improve(job, tuple(heuristic.failed), heuristic.ops, heuristic.iteration_ms, 0.0,
-                               args.cp_seconds, seed=1)
-            if cp.ops is not None:
-                best = min(best, replay(job, cp.ops).iteration_ms)
+            best = min(best, cp_sat_from(job, heuristic, args.cp_seconds)[0])
             print(f"raised {without:.1f} -> {bound:.1f}, best plan {best:.1f}", flush=True)
         if best < bound - 1e-9:
             below += 1

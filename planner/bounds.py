@@ -55,6 +55,9 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
 7. First wave (`planner.bounds_wave`): where a stage's workers run one micro-batch at a time and
    outnumber the next stage's slots, the first micro-batches of some of them wait a whole
    next-stage window at the start of the iteration, which lengthens those workers' chains.
+8. Late round trips (`planner.bounds_late`): where a stage on the way from a to t has fewer alive
+   workers than t, some stage-t workers receive their first micro-batch (or send their last one
+   back) one or more ops late, and bound 2's round trip through them is that much longer.
 """
 
 from __future__ import annotations
@@ -293,4 +296,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     from planner.bounds_wave import first_wave_bound  # it builds on bound 4's per-worker g
 
     wave = first_wave_bound(job, failed)
-    return wave if wave.value_ms > best.value_ms else best
+    best = wave if wave.value_ms > best.value_ms else best
+    from planner.bounds_late import late_round_trip_bound  # it builds on bound 2's stretch
+
+    late = late_round_trip_bound(job, failed)
+    return late if late.value_ms > best.value_ms else best

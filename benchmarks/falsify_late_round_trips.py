@@ -1,0 +1,85 @@
+"""Falsify bound 8 (late round trips, planner/bounds_late.py) on drawn jobs it applies to.
+
+Usage:
+    python benchmarks/falsify_late_round_trips.py [--seed 1] [--cases 150] [--cp-seconds 2]
+
+Draws small jobs with whole-millisecond times where an upstream stage lost more workers than a
+heavier stage below it (so bound 8 applies), and compares bound 8's own value with the best of 40 random
+valid plans, the heuristic plan and, where bound 8 is above the other bounds, CP-SAT's full model
+from the heuristic with every bound withheld (floor 0). Prints every case where bound 8 is above
+the others and a summary; a plan below bound 8 prints BELOW and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from falsify_common import best_random_or_heuristic, cp_sat_from, withheld  # noqa: E402
+
+import planner.bounds_late as bounds_late  # noqa: E402
+from planner.bounds import lower_bound  # noqa: E402
+from planner.spec import JobSpec  # noqa: E402
+
+
+def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
+    D, S, M = rng.randint(2, 5), rng.randint(2, 4), rng.randint(1, 3)
+
+    upstream = rng.randrange(S - 1)
+    heavy = rng.randrange(upstream + 1, S)  # the stage whose round trips the narrow one delays
+
+    def whole() -> list[float]:
+        return [float(rng.randint(3, 8) if s == heavy else rng.randint(1, 4)) for s in range(S)]
+    spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": whole(),
+            "backward_input_ms": whole(), "backward_weight_ms": whole(),
+            "p2p_ms": float(rng.randint(0, 2)), "cross_pipeline_p2p_ms": float(rng.randint(0, 3)),
+            "allreduce_ms": float(rng.randint(0, 6)), "optimizer_ms": float(rng.randint(0, 2)),
+            "activation_mb": 2.0, "activation_w_mb": rng.choice([2.0, 1.0, 0.0]),
+            "memory_limit_mb": rng.choice([2.0, 3.0, 4.0, 6.0, 100.0])}
+    job = JobSpec.parse(spec)
+    failed = [(p, upstream) for p in rng.sample(range(D), rng.choice([1, 1, 2][:D - 1]))]
+    if rng.random() < 0.3:  # sometimes a loss further down too
+        s = rng.randrange(upstream + 1, S)
+        failed += [(p, s) for p in rng.sample(range(D), 1) if (p, s) not in failed]
+    return job, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cases", type=int, default=150)
+    parser.add_argument("--cp-seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    done = above = below = 0
+    started = time.perf_counter()
+    while done < args.cases:
+        job, failed = drawn_case(rng)
+        late = bounds_late.late_round_trip_bound(job, failed).value_ms
+        if late <= 0:
+            continue
+        done += 1
+        with withheld(bounds_late, "late_round_trip_bound"):
+            others = lower_bound(job, failed).value_ms
+        best, heuristic = best_random_or_heuristic(job, failed, rng)
+        if late > others + 1e-9:
+            above += 1
+            cp_best, status = cp_sat_from(job, heuristic, args.cp_seconds)
+            best = min(best, cp_best)
+            print(f"above the others {others:.1f} -> {late:.1f}, best plan {best:.1f} ({status})", flush=True)
+        if best < late - 1e-9:
+            below += 1
+            print(f"BELOW {job.filled()} {failed}: plan {best} < bound 8 {late}", flush=True)
+    print(f"{done} cases, bound 8 above the other bounds in {above}, plans below bound 8: {below}; "
+          f"{time.perf_counter() - started:.0f} s")
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
