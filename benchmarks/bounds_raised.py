@@ -1,0 +1,59 @@
+"""Which made-up cases (`benchmarks/gap_unseen.py`'s jobs and failure sets) a bound raises.
+
+Usage:
+    python benchmarks/bounds_raised.py [--bound late|wave] [--seeds 0 1 2 3 4 5] [--jobs 10]
+
+For each seed, replays gap_unseen's draw (`--jobs` jobs, three failure sets each; seed 0 was run
+with 6 jobs in docs/benchmarks.md) and compares `lower_bound` with the bound withheld against the
+full `lower_bound`; prints every case it raises and the count. Bounds only, no planning (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from falsify_common import withheld  # noqa: E402
+from gap_unseen import failure_sets, made_up_job  # noqa: E402
+
+import planner.bounds_late as bounds_late  # noqa: E402
+import planner.bounds_wave as bounds_wave  # noqa: E402
+from planner.bounds import lower_bound  # noqa: E402
+
+BOUNDS = {"late": (bounds_late, "late_round_trip_bound"), "wave": (bounds_wave, "first_wave_bound")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bound", choices=sorted(BOUNDS), default="late")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    parser.add_argument("--jobs", type=int, default=10)
+    args = parser.parse_args()
+    module, name = BOUNDS[args.bound]
+    cases = raised = 0
+    for seed in args.seeds:
+        rng = random.Random(seed)
+        for j in range(6 if seed == 0 else args.jobs):
+            job = made_up_job(rng)
+            for pattern, failed in failure_sets(job, rng, 3):
+                if any(all((p, s) in failed for p in range(job.pipelines)) for s in range(job.stages)):
+                    continue  # gap_unseen skips these too
+                cases += 1
+                with_it = lower_bound(job, failed)
+                with withheld(module, name):
+                    without = lower_bound(job, failed).value_ms
+                if with_it.value_ms > without + 1e-9:
+                    raised += 1
+                    print(f"seed {seed} #{j} {job.pipelines}x{job.stages}x{job.microbatches} {pattern} "
+                          f"{failed}: {without:.2f} -> {with_it.value_ms:.2f} ({with_it.reason})")
+    print(f"{args.bound}: raised {raised} of {cases} bounds")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
