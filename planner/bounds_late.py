@@ -20,6 +20,12 @@ W_a + AR_a + OPT_a, worker j can serve at most N_j(P) = max{n : C + delay_j + st
 micro-batches, and the stage-t workers must serve all D x M: P is the least value with
 sum_j N_j(P) >= D x M, found by bound 4's bisection. Where every stage between a and t has at least
 as many alive workers as stage t, every delay is 0 and this is bound 2 with the even split.
+
+A third side prices crossings instead of delays: a stage-t worker (p, t) whose pipeline lost a stage
+u in [a, t) serves only micro-batches that were at stage u on other pipelines, so its first one
+comes down, and its last gradient goes back, over at least one cross-pipeline hop each, somewhere
+between u and t (bound 4's deeper cuts, mirrored): its round trip is 2 min_v (cross_v - hop_v)
+longer, v in [u, t) (`crossing_extra`).
 """
 
 from __future__ import annotations
@@ -82,9 +88,21 @@ def _covers(families: list[tuple[int, Callable[[int], float]]], total: int, peri
     return sum(count * most_served(g, period, total) for count, g in families) >= total
 
 
+def crossing_extra(costs: StageCosts, hop: list[float], dead: set, p: int, a: int, t: int) -> float:
+    """How much longer than bound 2's there-and-back a round trip a -> (p, t) -> a is at least, when
+    pipeline p lost a stage u in [a, t) (the deepest one): every micro-batch (p, t) serves was at
+    stage u on another pipeline, so its way down changes pipelines at some hop v in u..t-1, and so
+    does its gradient's way back (bound 4's deeper cuts, mirrored). 0 when p lost none there."""
+    u = max((v for v in range(a, t) if (p, v) in dead), default=None)
+    if u is None:
+        return 0.0
+    return 2 * min(max(0.0, min(costs.cross_p2p[v], costs.cross_p2p[v + 1]) - hop[v]) for v in range(u, t))
+
+
 def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
     """Bound 8 over every round trip a -> t whose stages a..t-1 include one with fewer alive
-    workers than stage t (module docstring); Bound(0.0, "") where there is none."""
+    workers than stage t, or a dead worker on the pipeline of a stage-t worker (module docstring);
+    Bound(0.0, "") where there is none."""
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
     dead = set(map(tuple, failed))
@@ -93,23 +111,31 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
     for t in range(1, S):
-        if min(alive[:t]) >= alive[t] or alive[t] == 0:
-            continue
+        serving = [p for p in range(job.pipelines) if (p, t) not in dead]
         chain = sum(f[v] + b[v] for v in range(t + 1, S)) + 2 * sum(hop[t:])
-        stretch = _stretches(costs, t, chain, total, alive[t])
+        stretch = None
         for a in range(t):
-            if min(alive[a:t]) >= alive[t]:
+            narrowest = min(alive[a:t])
+            extra = Counter(crossing_extra(costs, hop, dead, p, a, t) for p in serving)
+            sides: list[tuple[str, Counter]] = []
+            if narrowest < alive[t]:
+                # The end side at stage a: each of the last B's there also needs its W before AR_a.
+                back_ops = [b[u] + (w[u] if u == a else 0.0) for u in range(S)]
+                for end, ops in (("start", f), ("end", back_ops)):
+                    sides.append((f"{narrowest} on the way ({end} of the iteration)",
+                                  delays(alive, ops, a, t, alive[t])))
+            if any(extra):
+                crossing = alive[t] - extra[0.0]
+                sides.append((f"{crossing} of them cross pipelines on the way", extra))
+            if not sides:
                 continue
+            stretch = stretch or _stretches(costs, t, chain, total, alive[t])
             fixed = (sum(f[v] + hop[v] for v in range(a, t)) + sum(b[v] + hop[v] for v in range(a, t))
                      + w[a] + costs.allreduce[a] + costs.optimizer[a])
-            # The end side at stage a: each of the last B's there also needs its W before AR_a.
-            back_ops = [b[u] + (w[u] if u == a else 0.0) for u in range(S)]
-            for side, per_op in (("start", f), ("end", back_ops)):
-                late = delays(alive, per_op, a, t, alive[t])
+            for side, late in sides:
                 families = [(count, _late_by(fixed + d, stretch)) for d, count in sorted(late.items())]
                 value = least_covering([g for _, g in families], partial(_covers, families, total), total)
                 if value > best.value_ms:
                     best = Bound(value, f"late round trips from stage {a} to stage {t}: "
-                                        f"{alive[t]} workers there, {min(alive[a:t])} on the way "
-                                        f"({side} of the iteration)")
+                                        f"{alive[t]} workers there, {side}")
     return best

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
-from planner.bounds_late import delays, late_round_trip_bound
+from planner.bounds_late import crossing_extra, delays, late_round_trip_bound
 from planner.solve import plan
 from planner.spec import JobSpec
 from tests.planner.test_bound_soundness import random_valid_periods
@@ -59,6 +59,23 @@ def test_a_third_heavy_worker_fed_by_two_light_ones():
     assert (best, status) == (pytest.approx(25.0), "OPTIMAL")
 
 
+def test_a_worker_whose_pipeline_lost_a_stage_above_crosses_pipelines_both_ways():
+    """2 x 2 x 1, stage 0 of pipeline 1 dead, cross hop 3 (same-pipeline hop 0). Bound 2: F_0 + B_0
+    + W_0 = 3 around stage 1's stretch of one micro-batch (F + B = 10): 13. (1, 1)'s micro-batch
+    comes from (0, 0) and its gradient goes back there, over a cross hop each way: 13 + 2 x 3 = 19;
+    serving both on (0, 1) instead takes 3 + 2 x 10 = 23. The start side alone claims 14 (one F_0
+    late), the end side 15 (one B_0 + W_0 early). CP-SAT (floored at 0) proves 19 optimal."""
+    job = JobSpec.parse({**LIGHT_THEN_HEAVY, "pipelines": 2, "microbatches": 1,
+                         "cross_pipeline_p2p_ms": 3.0})
+    late = late_round_trip_bound(job, [(1, 0)])
+    assert late.value_ms == pytest.approx(19.0)
+    assert "1 of them cross pipelines" in late.reason
+    assert crossing_extra(job.costs, [0.0], {(1, 0)}, 1, 0, 1) == pytest.approx(6.0)
+    assert crossing_extra(job.costs, [0.0], {(1, 0)}, 0, 0, 1) == 0.0
+    best, status = cp_sat_unfloored(job, [(1, 0)], deterministic_time=20.0)
+    assert (best, status) == (pytest.approx(19.0), "OPTIMAL")
+
+
 def test_the_made_up_job_that_found_it():
     """8 x 7 x 7, stage 0 of pipeline 7 and stage 1 of pipeline 6 dead: seven workers at stages 0
     and 1, eight at stage 5, whose round trip from stage 0 binds fault-free (bound 2, each stage-5
@@ -78,9 +95,9 @@ def test_the_made_up_job_that_found_it():
 @pytest.mark.parametrize("failed", [
     [],                        # nobody is narrow
     [(2, 1)],                  # the narrow stage is the heavy one itself, nothing below it
-    [(0, 0), (1, 1), (2, 1)],  # stage 1 is narrower than stage 0 everywhere on the way
+    [(0, 0), (1, 1), (2, 1)],  # stage 1 is narrower than stage 0 and crossing is free
 ])
-def test_it_does_not_apply_without_a_narrower_stage_upstream(failed):
+def test_it_does_not_apply_without_a_narrower_stage_upstream_or_a_costly_crossing(failed):
     assert late_round_trip_bound(JobSpec.parse(LIGHT_THEN_HEAVY), failed).value_ms == 0.0
 
 
