@@ -17,7 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_"))
-HELPERS = {"api_common.py", "executor_common.py", "abuse_traffic.py", "abuse_random.py", "abuse_verify.py"}
+HELPERS = {"api_common.py", "executor_common.py", "abuse_traffic.py", "abuse_random.py", "abuse_verify.py",
+           "falsify_common.py"}
 """Modules the benchmarks import, not commands: they must import cleanly instead."""
 
 
