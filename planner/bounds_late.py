@@ -107,6 +107,8 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     S, total = job.stages, job.pipelines * job.microbatches
     dead = set(map(tuple, failed))
     alive = [sum(1 for p in range(job.pipelines) if (p, s) not in dead) for s in range(S)]
+    if 0 in alive:
+        return Bound(0.0, "")  # a stage with no survivor: no plan exists to bound
     hop = stage_hops(costs, S)
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")

@@ -101,6 +101,10 @@ def test_it_does_not_apply_without_a_narrower_stage_upstream_or_a_costly_crossin
     assert late_round_trip_bound(JobSpec.parse(LIGHT_THEN_HEAVY), failed).value_ms == 0.0
 
 
+def test_a_stage_without_survivors_claims_nothing_instead_of_dividing_by_zero():
+    assert late_round_trip_bound(JobSpec.parse(LIGHT_THEN_HEAVY), [(0, 0), (1, 0), (2, 0)]).value_ms == 0.0
+
+
 @st.composite
 def late_cases(draw):
     """Jobs where bound 8 applies: one to two dead workers at an upstream stage, a heavier stage below
