@@ -71,6 +71,10 @@ def failure_sets(job: JobSpec, rng: random.Random, count: int) -> list[tuple[str
     return [c for c in cases if c[1]][:count]
 
 
+def loses_a_whole_stage(job: JobSpec, failed: list) -> bool:
+    return any(all((p, s) in failed for p in range(job.pipelines)) for s in range(job.stages))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=6)
@@ -93,8 +97,8 @@ def main() -> int:
         for pattern, failed in failure_sets(job, rng, args.sets):
             if args.only is not None and j not in args.only:
                 continue
-            if any(all((p, s) in failed for p in range(job.pipelines)) for s in range(job.stages)):
-                continue  # a whole stage lost: not plannable, and not what this measures
+            if loses_a_whole_stage(job, failed):
+                continue  # not plannable, and not what this measures
             started = time.perf_counter()
             result = plan(job, failed, time_limit_s=args.time_limit, use_cp=not args.no_cp)
             wall = time.perf_counter() - started

@@ -152,6 +152,15 @@ def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, f
     return min(stretches, default=n * (f + b) + fill)
 
 
+def first_op_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, paced: Paced) -> float:
+    """Least time from a stage-s worker's first op to its last B end with n micro-batches, k held at
+    once (bound 2's stretch: work, forced idle, W's deferred past the last B; bound 3's round trips
+    at most k at once; bound 6's pacing, `paced` = `paced_stage` of the same worker)."""
+    round_trip = costs.forward[s] + chain + costs.backward_input[s]
+    return max(stretch_to_last_b(costs, s, n, k, chain, fill_idle(costs, s, n, k, chain)),
+               n * round_trip / max(min(k, n), 1), paced.last_b_end)
+
+
 RECURRENCE_MAX_STEPS = 1_000_000
 """`paced_stage` runs n x min(k, n) steps; above this it is skipped (the weaker memory-time terms
 still hold): a stage left with one worker of 1024 would otherwise take seconds."""
@@ -265,8 +274,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         # for >= W per micro-batch, at most L MB at once.
         round_trip = f[s] + chain + b[s]
         paced = paced_stage(costs, s, n, k, round_trip)
-        stretch[s] = max(stretch_to_last_b(costs, s, n, k, chain, fill_idle(costs, s, n, k, chain)),
-                         n * round_trip / max(held, 1), paced.last_b_end)
+        stretch[s] = first_op_to_last_b(costs, s, n, k, chain, paced)
         limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
         mb_time = n * (costs.activation[s] * round_trip + costs.activation_w[s] * w[s])
         tail = costs.allreduce[s] + costs.optimizer[s]

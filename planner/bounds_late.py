@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from functools import lru_cache, partial
+from functools import lru_cache
 
-from planner.bounds import Bound, fill_idle, holds, paced_stage, stage_hops, stretch_to_last_b
-from planner.bounds_sharing import least_covering, most_served
+from planner.bounds import Bound, first_op_to_last_b, holds, paced_stage, stage_hops
+from planner.bounds_sharing import crossing_cost, least_period
 from planner.spec import JobSpec, StageCosts, Worker
 
 SPAN = 1
@@ -50,8 +50,7 @@ def stage_stretch(costs: StageCosts, t: int, n: int, chain: float) -> float:
     stretch: work, forced idle, W's deferred past the last B, and bounds 3 and 6's memory pacing)."""
     k = holds(costs, t, n)
     round_trip = costs.forward[t] + chain + costs.backward_input[t]
-    return max(stretch_to_last_b(costs, t, n, k, chain, fill_idle(costs, t, n, k, chain)),
-               n * round_trip / max(min(k, n), 1), paced_stage(costs, t, n, k, round_trip).last_b_end)
+    return first_op_to_last_b(costs, t, n, k, chain, paced_stage(costs, t, n, k, round_trip))
 
 
 def delays(alive: list[int], per_op: list[float], first: int, last: int, workers: int) -> Counter:
@@ -84,19 +83,13 @@ def _late_by(fixed: float, stretch: Callable[[int], float]) -> Callable[[int], f
     return lambda n: fixed + stretch(n) if n > 0 else 0.0
 
 
-def _covers(families: list[tuple[int, Callable[[int], float]]], total: int, period: float) -> bool:
-    return sum(count * most_served(g, period, total) for count, g in families) >= total
-
-
 def crossing_extra(costs: StageCosts, hop: list[float], dead: set, p: int, a: int, t: int) -> float:
     """How much longer than bound 2's there-and-back a round trip a -> (p, t) -> a is at least, when
     pipeline p lost a stage u in [a, t) (the deepest one): every micro-batch (p, t) serves was at
     stage u on another pipeline, so its way down changes pipelines at some hop v in u..t-1, and so
     does its gradient's way back (bound 4's deeper cuts, mirrored). 0 when p lost none there."""
     u = max((v for v in range(a, t) if (p, v) in dead), default=None)
-    if u is None:
-        return 0.0
-    return 2 * min(max(0.0, min(costs.cross_p2p[v], costs.cross_p2p[v + 1]) - hop[v]) for v in range(u, t))
+    return 0.0 if u is None else crossing_cost(costs, hop, u, t)
 
 
 def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
@@ -135,8 +128,8 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
             fixed = (sum(f[v] + hop[v] for v in range(a, t)) + sum(b[v] + hop[v] for v in range(a, t))
                      + w[a] + costs.allreduce[a] + costs.optimizer[a])
             for side, late in sides:
-                families = [(count, _late_by(fixed + d, stretch)) for d, count in sorted(late.items())]
-                value = least_covering([g for _, g in families], partial(_covers, families, total), total)
+                kinds = [(count, _late_by(fixed + d, stretch)) for d, count in sorted(late.items())]
+                value = least_period(kinds, total)
                 if value > best.value_ms:
                     best = Bound(value, f"late round trips from stage {a} to stage {t}: "
                                         f"{alive[t]} workers there, {side}")

@@ -102,7 +102,7 @@ def least_covering(families: list[Callable[[int], float]], covers: Callable[[flo
     return best
 
 
-def _least_period(kinds: Kinds, total: int) -> float:
+def least_period(kinds: Kinds, total: int) -> float:
     """The least P with sum over kinds of count x N(P) >= total, P one of the g values."""
     def covers(period: float) -> bool:
         return sum(count * most_served(g, period, total) for count, g in kinds) >= total
@@ -129,6 +129,14 @@ def _stage_kinds(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int
     return cut, kinds
 
 
+def crossing_cost(costs: StageCosts, hop: list[float], first: int, last: int) -> float:
+    """Least extra time a micro-batch's way between stages `first` and `last` (first < last) and its
+    gradient's way back take when each must change pipelines at some hop in between: twice the
+    least (cross - hop) over those hops."""
+    return 2 * min(max(0.0, min(costs.cross_p2p[u], costs.cross_p2p[u + 1]) - hop[u])
+                   for u in range(first, last))
+
+
 def _kinds_by_crossing(job: JobSpec, dead: set, s: int, hop: list[float]) -> tuple[int, Kinds]:
     """(how many stage-s workers must cross pipelines below, the stage's kinds of worker by chain).
 
@@ -145,9 +153,7 @@ def _kinds_by_crossing(job: JobSpec, dead: set, s: int, hop: list[float]) -> tup
         return 0, [(len(alive), per_worker_bound(costs, s, 0.0, total))]
     own = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
     nearest_dead = [next((t for t in range(s + 1, S) if (p, t) in dead), None) for p in alive]
-    extra_of = [0.0 if t is None else 2 * min(
-        max(0.0, min(costs.cross_p2p[u], costs.cross_p2p[u + 1]) - hop[u]) for u in range(s, t))
-        for t in nearest_dead]
+    extra_of = [0.0 if t is None else crossing_cost(costs, hop, s, t) for t in nearest_dead]
     kinds: Kinds = [(extra_of.count(extra), per_worker_bound(costs, s, own + extra, total))
                     for extra in sorted(set(extra_of), reverse=True)]
     return sum(t is not None for t in nearest_dead), kinds
@@ -165,7 +171,7 @@ def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
         cut, kinds = _stage_kinds(job, dead, s, hop)
         if cut:
             g_cut = kinds[0][1]
-            shares.add(min(job.microbatches, most_served(g_cut, _least_period(kinds, total), total)))
+            shares.add(min(job.microbatches, most_served(g_cut, least_period(kinds, total), total)))
     return sorted(shares)
 
 
@@ -178,7 +184,7 @@ def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bo
     best = Bound(0.0, "")
     for s in range(job.stages):
         cut, kinds = _kinds_by_crossing(job, dead, s, hop)
-        value = _least_period(kinds, total)
+        value = least_period(kinds, total)
         if value > best.value_ms:
             alive = sum(count for count, _ in kinds)
             best = Bound(value, f"sharing at stage {s}: {cut} of {alive} workers cut from a "
