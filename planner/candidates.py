@@ -51,6 +51,13 @@ PACED_LIST_POLICIES = 9
 """Grid policies (rotation 0, most often winning first) re-run with `Policy.paced_first_stage` where
 memory paces stage 0's forwards: nine reach the first deeper forward-ahead cap, which is where
 pacing gained most (made-up 6 x 4 x 21 with [2, 0] dead: 588.0 -> 570.0 ms list-scheduled)."""
+SPACED_LIST_POLICIES = 12
+"""Grid policies re-run with stage 0's first forwards spaced (`Policy.first_stage_spacing`) where
+memory paces stage 0."""
+SPACINGS = (0.8, 1.05, 1.2)
+"""The spacings tried, in stage-0 cadences (fault-free, made-up jobs whose stage 0 memory paces:
+1 x 5 x 10 best at 1.05 (262.4 ms, 0.8 and 1.2 within 0.6%), 4 x 4 x 10 at 0.8-1.2 alike, 349.8 ->
+342.4; wider spacings lost everywhere)."""
 DEEPER_SLACK = 2
 """How much deeper `deeper_policy`'s forward-ahead cap is (made-up 8 x 5 x 18 spread, 500 swaps
 from one routing: fill+0 stays at 504.5 ms, fill+2 and memory-only reach 490.3)."""
@@ -246,8 +253,13 @@ def best_heuristic(
         # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
         # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms). Always run.
         variants += [replace(p, paced_first_stage=True) for p in first_policies[:PACED_LIST_POLICIES]]
+    if not big and memory_paces_first_stage(job, failed):
+        # Stage 0's slots started a cadence apart instead of as one burst (`Policy.first_stage_spacing`).
+        variants += [replace(p, first_stage_spacing=x) for x in SPACINGS
+                     for p in first_policies[:SPACED_LIST_POLICIES]]
     for tried, policy in enumerate(variants):
-        if policy.tail_forwards and tried >= 4 and time.perf_counter() - started > budget_s:
+        optional = policy.tail_forwards or (failed and policy.first_stage_spacing)
+        if optional and tried >= 4 and time.perf_counter() - started > budget_s:
             continue
         ops = list_schedule(job, routing(0), policy)
         done = consider_list(ops, policy, routing(0))

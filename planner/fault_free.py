@@ -45,10 +45,11 @@ def method() -> str:
     bumped whenever the search itself changes (v3: the schedulers release activation_mb -
     activation_w_mb at B end, so a v2 plan of a job with activation_w_mb < activation_mb differs;
     v4: Zero Bubble's greedy and deep-warm-up sweeps join the fault-free candidates; v5: the greedy's
-    per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`)."""
+    per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`; v6: stage 0's first forwards
+    spaced where memory paces it, `Policy.first_stage_spacing`)."""
     cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g})"
           if CP_DETERMINISTIC_S > 0 else "no-cp")
-    return f"heuristic(full-grid,no-time-budget)+{cp}/v5"
+    return f"heuristic(full-grid,no-time-budget)+{cp}/v6"
 
 
 @dataclass(frozen=True)
