@@ -3,11 +3,11 @@
 The contract's period depends only on the workers' op orders, and the constructive schedulers
 (greedy at every worker) and CP-SAT within a short budget both leave orders whose neighbours are
 faster: on the made-up 1 x 5 x 10 whose stage 0 holds three micro-batches (docs/notes/
-planner-issue8.md, P and R) the fault-free plan was 262.3 ms after CP-SAT's deterministic step,
-and swapping adjacent ops of one worker reaches CP-SAT's proven optimum 255.6 in ~600 swaps (4 s),
-where CP-SAT itself needed 90 s to find and prove it. A swap decides, at one worker, which of two
-ready round trips goes first: exactly the choice that decides whether micro-batches travel as a
-burst or a cadence apart.
+planner-issue8.md, P and R) the best list schedule is 262.4 ms and CP-SAT's deterministic step
+from it 262.3, while swapping adjacent ops of one worker reaches CP-SAT's proven optimum 255.6 in
+~600 swaps (1.4 s), where CP-SAT itself needed 90 s to find and prove it. A swap decides, at one
+worker, which of two ready round trips goes first: exactly the choice that decides whether
+micro-batches travel as a burst or a cadence apart.
 
 The search: a seeded random worker, a random adjacent pair in its F/B order of different kinds
 and different micro-batches, swapped; the sweep (`planner.sweep.sweep_schedule`) re-places every W
@@ -33,8 +33,8 @@ from planner.timeline import Key, Op, Orders, orders_of
 OVERRUNS = (0.0, 0.5, 1.0)
 """W overruns (`SweepPolicy.w_overrun`) the start's orders are re-timed with; the search then
 re-times every swap with the one that suited the start (one sweep and replay per swap: 600 swaps
-in 0.9 s instead of 4.0 s on the 1 x 5 x 10, both reaching 255.6; with all three per swap the
-1 x 5 x 10 ends the same, and a 1 x 8 x 14 at 371.36 with either)."""
+in 0.9-1.4 s instead of 3-4 s on the 1 x 5 x 10, both reaching 255.6; a made-up 1 x 8 x 14 from
+376.68: 371.36 with all three per swap, 371.58 with the start's, seed 0)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ def _retimed(job: JobSpec, routing, orders: Orders,
     for overrun in overruns:
         ops = sweep_schedule(job, routing, SweepPolicy(w_overrun=overrun), orders)
         if ops is None:
-            return None  # the F/B orders alone decide a deadlock or a memory overflow
+            return None  # a deadlock is the F/B orders'; a memory stall under one overrun is
+            # rejected too (conservative: another overrun's W's might have made room)
         try:
             report = replay(job, ops)
         except ReplayError:
