@@ -58,7 +58,8 @@ def test_which_neighbours_may_swap():
 @given(jobs_with_failures())
 def test_a_found_plan_is_valid_and_strictly_shorter(case):
     """Whatever it returns satisfies the six rules, replays to the period it claims, and is shorter
-    than where it started; failed workers stay idle."""
+    than where it started (the start's own orders re-timed by the sweep may already be: then no
+    swap was kept)."""
     job, failed = case
     failed = tuple(failed)
     ops = list_schedule(job, balanced_routing(job, failed), Policy())
@@ -69,4 +70,4 @@ def test_a_found_plan_is_valid_and_strictly_shorter(case):
     assert found.period_ms < start - 1e-9
     assert validate(job, failed, found.ops) == []
     assert replay(job, found.ops).iteration_ms == pytest.approx(found.period_ms)
-    assert 0 < found.accepted <= found.evaluations <= 40
+    assert 0 <= found.accepted <= found.evaluations <= 40
