@@ -249,11 +249,12 @@ def best_heuristic(
         # 1491.5 -> 1456.8 ms against the bound's 1413.7 (docs/notes/planner-issue8.md, H).
         variants += [replace(p, tail_forwards=k, tail_upstream=up) for up in (False, True)
                      for p in first_policies[:TAIL_LIST_POLICIES] for k in TAIL_FORWARDS]
-    if failed and not big and memory_paces_first_stage(job, failed):
+    stage0_paced = not big and memory_paces_first_stage(job, failed)
+    if failed and stage0_paced:
         # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
         # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms). Always run.
         variants += [replace(p, paced_first_stage=True) for p in first_policies[:PACED_LIST_POLICIES]]
-    if not big and memory_paces_first_stage(job, failed):
+    if stage0_paced:
         # Stage 0's slots started a cadence apart instead of as one burst (`Policy.first_stage_spacing`).
         variants += [replace(p, first_stage_spacing=x) for x in SPACINGS
                      for p in first_policies[:SPACED_LIST_POLICIES]]
