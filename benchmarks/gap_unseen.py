@@ -3,6 +3,8 @@
 Usage:
     python benchmarks/gap_unseen.py [--jobs 6] [--sets 3] [--time-limit 10] [--seed 0] [--json FILE]
                                     [--only 2 4]   (plan only these job numbers, same draws)
+                                    [--scenario gpt-1.5b-8x8x24]  (fresh failure sets on a shared
+                                    scenario's job instead of made-up jobs)
 
 The shared scenarios are the jobs the planner was developed on; an outside validator plans others.
 This draws `--jobs` jobs from a seeded generator (D 2-8, S 2-8, M from S to 24; per-stage F in
@@ -12,7 +14,9 @@ and a memory limit between S/2 and 2S activations) and for each `--sets` failure
 over pipelines and stages, one concentrated in a stage, one in a pipeline (1-4 failures, seeded).
 Every plan is made by `planner.solve.plan` with CP-SAT at `--time-limit`, checked by the validator,
 and compared with max(fault-free period, proven bound) and with dropping the damaged pipelines.
-Prints one row per case, the worst ratio (the bar is <= 1.03 on every case) and the longest plan's
+With `--scenario NAME` every draw is the shared scenario's job (../shared/scenarios/NAME.json)
+and only the failure sets are new: the jobs the planner was developed on, with failure sets it was
+not. Prints one row per case, the worst ratio (the bar is <= 1.03 on every case) and the longest plan's
 wall time against `--time-limit` (CP-SAT phases that ignore it show there).
 """
 
@@ -34,6 +38,8 @@ from planner.solve import plan  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
 from planner.validate import validate  # noqa: E402
 
+SCENARIOS = Path(__file__).resolve().parents[2] / "shared" / "scenarios"
+
 
 def made_up_job(rng: random.Random) -> JobSpec:
     D, S = rng.randint(2, 8), rng.randint(2, 8)
@@ -54,6 +60,14 @@ def made_up_job(rng: random.Random) -> JobSpec:
         spec["activation_w_mb"] = [round(a * rng.choice([0.25, 0.5, 0.75]), 2) for a in activation]
         spec["memory_limit_mb"] = round(max(activation) * rng.uniform(max(1.0, S / 2), 2 * S), 1)
     return JobSpec.parse(spec)
+
+
+def scenario_job(name: str) -> JobSpec:
+    path = SCENARIOS / f"{name}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in SCENARIOS.glob("*.json"))
+        raise SystemExit(f"--scenario: no {path}; the shared scenarios are {', '.join(names)}")
+    return JobSpec.parse(json.loads(path.read_text()))
 
 
 def failure_sets(job: JobSpec, rng: random.Random, count: int) -> list[tuple[str, list]]:
@@ -83,15 +97,17 @@ def main() -> int:
     parser.add_argument("--no-cp", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scenario", help="draw failure sets on this shared scenario's job")
     parser.add_argument("--only", type=int, nargs="+", help="plan only these job numbers (the jobs "
                         "and failure sets are drawn as without it, so #2 is the same job)")
     args = parser.parse_args()
 
+    scenario = scenario_job(args.scenario) if args.scenario else None
     rng = random.Random(args.seed)
     rows = []
     print("job | failed | period | max(ff, bound) | ratio | vs drop | wall s | winner")
     for j in range(args.jobs):
-        job = made_up_job(rng)
+        job = made_up_job(rng) if scenario is None else scenario
         label = f"#{j} {job.pipelines}x{job.stages}x{job.microbatches}"
         cache: dict = {}
         for pattern, failed in failure_sets(job, rng, args.sets):

@@ -47,6 +47,8 @@ def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) 
     """Deal each failed worker's micro-batches round-robin over the least-loaded alive peers.
 
     `rotate` shifts which peer receives the first moved micro-batch (the heuristic tries a few).
+    Where the loads cannot be equal, the peers that take one more are those cut from the fewest
+    neighbours (`cut_sides`), in the rotated order among equals.
     """
     dead = set(failed)
     moved: dict[tuple[int, int, int], int] = {}
@@ -57,9 +59,15 @@ def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) 
             continue
         total = job.pipelines * job.microbatches
         base, extra = divmod(total, len(peers))
-        # Target load per peer: the first `extra` peers (after rotation) take one more.
         order = peers[rotate % len(peers):] + peers[: rotate % len(peers)]
-        quota = {p: base + (1 if i < extra else 0) - job.microbatches for i, p in enumerate(order)}
+        # The busiest peers set the period, and a peer whose own pipeline is dead next to it
+        # receives every forward, or returns every gradient, over a cross-pipeline hop, so its
+        # round trips start later and end later: the extra micro-batches go to uncut peers first
+        # (gpt-1.5b 8 x 8 x 24 with (1, 3) and (5, 2) dead, 10 s plans: 1495.6 -> 1482.1 ms, bound
+        # 1451.5; docs/notes/planner-issue8.md, S). Sorting is stable: equals keep the rotation.
+        ranked = sorted(order, key=lambda p: cut_sides(dead, p, s))
+        takes_extra = set(ranked[:extra])
+        quota = {p: base + (p in takes_extra) - job.microbatches for p in order}
         cursor = 0
         for m in range(job.microbatches):
             for home in homes:
@@ -71,6 +79,11 @@ def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) 
                 quota[q] -= 1
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
+
+
+def cut_sides(dead: set[Worker], pipeline: int, stage: int) -> int:
+    """How many of the worker's same-pipeline neighbours (stage - 1, stage + 1) are dead."""
+    return ((pipeline, stage - 1) in dead) + ((pipeline, stage + 1) in dead)
 
 
 def dissolving_routing(job: JobSpec, failed: tuple[Worker, ...]) -> Routing | None:
