@@ -70,11 +70,12 @@ def test_the_spread_4x4x8_case_reaches_the_hand_worked_period():
 
 
 def test_without_the_chains_the_spread_case_stays_far_above(monkeypatch):
-    """The same search with the chains switched off: the gap the chains close (>= 5% above 389.0;
-    414.25 ms when this was written)."""
+    """The same search with the chains switched off: the gap the chains close, more than the 1.03
+    bar allows above 389.0 (414.25 ms when this was written; 402.75 since the extra micro-batches of
+    an uneven deal go to peers not cut from their own pipeline, `balanced_routing`)."""
     monkeypatch.setattr(candidates, "lane_routing", lambda job, failed: None)
     _, period, _ = best_heuristic(uniform_4x4x8(), SPREAD)
-    assert period > 389.0 * 1.05
+    assert period > 389.0 * 1.03
 
 
 def test_chains_equal_to_dissolving_are_not_tried_twice():
