@@ -5,6 +5,8 @@ Usage:
                                     [--only 2 4]   (plan only these job numbers, same draws)
                                     [--scenario gpt-1.5b-8x8x24]  (fresh failure sets on a shared
                                     scenario's job instead of made-up jobs)
+                                    [--heuristic-share 0.7]  (the constructive search's share of
+                                    the limit on jobs over 4,000 ops, for side-by-side runs)
 
 The shared scenarios are the jobs the planner was developed on; an outside validator plans others.
 This draws `--jobs` jobs from a seeded generator (D 2-8, S 2-8, M from S to 24; per-stage F in
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from never_behind_drop import drop_period  # noqa: E402
 
+import planner.solve  # noqa: E402
 from planner.solve import plan  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
 from planner.validate import validate  # noqa: E402
@@ -100,7 +103,13 @@ def main() -> int:
     parser.add_argument("--scenario", help="draw failure sets on this shared scenario's job")
     parser.add_argument("--only", type=int, nargs="+", help="plan only these job numbers (the jobs "
                         "and failure sets are drawn as without it, so #2 is the same job)")
+    parser.add_argument("--heuristic-share", type=float, help="override planner.solve."
+                        "HEURISTIC_SHARE_LARGE (jobs over LNS_USEFUL_MAX_OPS without the full model)")
     args = parser.parse_args()
+    if args.heuristic_share is not None:
+        if not 0 < args.heuristic_share <= 1:
+            parser.error("--heuristic-share must be in (0, 1]")
+        planner.solve.HEURISTIC_SHARE_LARGE = args.heuristic_share
 
     scenario = scenario_job(args.scenario) if args.scenario else None
     rng = random.Random(args.seed)

@@ -49,6 +49,20 @@ HEURISTIC_SHARE_WITHOUT_FULL_CP = 0.7
 off: the routing-fixed model improved 8 x 8 x 24 plans by at most 1.2 ms in 27 s
 (docs/benchmarks.md, "CP-SAT optimality"), while the full list grid there needs ~4.7 s and finds up
 to 2% more."""
+HEURISTIC_SHARE_LARGE = 0.85
+"""The share, without the full model, on jobs of more than `LNS_USEFUL_MAX_OPS` F/B/W ops. There
+the LNS's 140-160-op windows cover little of the plan in a few seconds and the routing search
+(`planner.route_search`, the heuristic's last step) is what still finds better plans: on 30 fresh
+failure sets of the two 8 x 8 x 24 scenarios at 10 s (2026-11-26) the LNS improved two plans, by
+0.1 and 0.2 ms, while the routing search's swaps decided the worst one (gpt-1.5b with (3, 5) and
+(7, 2) dead: 1501.7 ms after 55 swaps, 1494.7 after ~100). Side by side on those 30 sets, 0.85
+against 0.7: at 10 s every plan equal; at 6 s (a box ~1.7x slower) two better (gpt-1.5b [2, 3]
+1442.8 -> 1439.6, 2p-wmem [5, 1] 1329.4 -> 1321.0), none worse, longest solve 5.8 s. 15% leaves the
+LNS at least 1.5 s of a 10 s limit (`_solve_canonical` skips it below 1 s)."""
+LNS_USEFUL_MAX_OPS = 4_000
+"""Up to this many F/B/W ops the LNS gets HEURISTIC_SHARE_WITHOUT_FULL_CP's 30%: on made-up jobs of
+1,000-3,024 ops it improved the heuristic's 10 s plans by 1.1-1.8 ms (6 x 7 x 24, 6 x 8 x 8, 8 x 7 x 8,
+8 x 3 x 13)."""
 ROUTING_FIXED_SHARE = 0.3
 """Share of CP-SAT's time the routing-fixed model gets before the full model, on jobs small enough
 for the full model (larger jobs only ever get the routing-fixed one)."""
@@ -118,8 +132,13 @@ class PlanResult:
 def heuristic_budget_s(job: JobSpec, time_limit_s: float, use_cp: bool,
                        failed: tuple[Worker, ...] = ()) -> float:
     """Wall budget of the heuristic grid within a solve's limit (the rest is CP-SAT's)."""
-    full_cp = use_cp and full_model_fits(job, failed)
-    return max(1.0, (HEURISTIC_SHARE if full_cp else HEURISTIC_SHARE_WITHOUT_FULL_CP) * time_limit_s)
+    if use_cp and full_model_fits(job, failed):
+        share = HEURISTIC_SHARE
+    elif use_cp and job.op_count > LNS_USEFUL_MAX_OPS:
+        share = HEURISTIC_SHARE_LARGE
+    else:
+        share = HEURISTIC_SHARE_WITHOUT_FULL_CP
+    return max(1.0, share * time_limit_s)
 
 
 def _solve_canonical(
@@ -133,9 +152,9 @@ def _solve_canonical(
     started = time.perf_counter()
     bound = lower_bound(job, failed)
     info = SearchInfo()
+    budget_s = heuristic_budget_s(job, time_limit_s, use_cp, failed)
     ops, period, policy_name = best_heuristic(
-        job, failed, bound.value_ms, budget_s=heuristic_budget_s(job, time_limit_s, use_cp, failed),
-        template=template, info=info,
+        job, failed, bound.value_ms, budget_s=budget_s, template=template, info=info,
     )
     reached = info.settled and period <= bound.value_ms + 1e-6
     stats = SolverStats(
@@ -146,6 +165,7 @@ def _solve_canonical(
         wall_s=0.0,
         time_limit_s=time_limit_s,
         heuristic_policy=policy_name,
+        heuristic_budget_s=budget_s,
         replay_settled=info.settled,
         replay_cycle=info.cycle,
     )

@@ -157,6 +157,10 @@ class SolverStats:
     cp_branches: int = 0
     cp_conflicts: int = 0
     heuristic_policy: str = ""
+    heuristic_budget_s: float = 0.0
+    """Wall budget the constructive search had (`planner.solve.heuristic_budget_s`): past it the
+    optional candidates are skipped and the routing search stops, so it is part of what makes
+    the plan."""
     replay_settled: bool = True
     """False when the plan's replay did not reach a repeating steady state within its iterations:
     `objective_ms` is then an estimate (mean of the later iterations), never called optimal."""
@@ -183,6 +187,7 @@ class SolverStats:
             "heuristic_policy": self.heuristic_policy,
             "wall_s": round(self.wall_s, 4),
             "time_limit_s": self.time_limit_s,
+            "heuristic_budget_s": round(self.heuristic_budget_s, 4),
             "cp_status": self.cp_status,
             "cp_model": self.cp_model,
             "cp_wall_s": round(self.cp_wall_s, 4),
