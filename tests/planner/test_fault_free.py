@@ -123,3 +123,26 @@ def test_a_wall_capped_fault_free_plan_is_cached_nowhere(with_cp, monkeypatch, t
     assert caps == [0.5, ff.CP_WALL_CAP_S]  # solved again, with the full cap
     assert deterministic.cacheable
     assert len(list(tmp_path.glob("*.json"))) == 1 and len(ff._memory) == 1
+
+
+def test_making_the_fault_free_plan_leaves_the_failure_solve_its_whole_limit(monkeypatch):
+    """The limit is the failure solve's: a job's first plan also makes the job's fault-free plan,
+    and the time that takes (here 1.5 s of a 5 s limit) must not come out of the failure solve's
+    budget, or the same failure set gets a different plan when it is planned first. The heuristic's
+    budget, recorded with the plan, is its share of the whole limit (30% where the full CP model is
+    built: 1.5 s; with the fault-free time taken out, 30% of under 3.5 s, about 1 s)."""
+    import time
+
+    import planner.solve
+
+    made = planner.solve.fault_free_plan
+
+    def slow_fault_free_plan(job):
+        time.sleep(1.5)
+        return made(job)
+
+    monkeypatch.setattr(planner.solve, "fault_free_plan", slow_fault_free_plan)
+    job = JobSpec.parse({**CP_HELPS, "pipelines": 2})
+    result = plan(job, [(0, 1)], time_limit_s=5.0)
+    assert result.stats.heuristic_budget_s == pytest.approx(0.3 * 5.0, abs=0.02)
+    assert result.stats.time_limit_s == pytest.approx(5.0, abs=0.02)
