@@ -9,8 +9,12 @@ copies of one pipeline's plan have that pipeline's period) by:
    (no randomness, no clock);
 2. when that misses the analytic bound and the pipeline has at most `cpsat.FULL_MAX_OPS` ops,
    CP-SAT warm-started from it with a fixed *deterministic* budget: one search worker, seed 0,
-   `max_deterministic_time = CP_DETERMINISTIC_S` (a wall cap of `CP_WALL_CAP_S` only as a safety
-   net; a plan made when it was hit is not cached on disk). Same answer on any machine and load.
+   `max_deterministic_time = CP_DETERMINISTIC_S`. Same answer on any machine and load, within a
+   wall cap of `CP_WALL_CAP_S`: CP-SAT's wall per deterministic unit varies ~10x with the model
+   (2 units took 9 s on the made-up 1 x 4 x 20, 52 s on a 1 x 2 x 13 whose memory holds one
+   micro-batch), and a first plan must stay well inside the service's solve deadline. When the cap
+   is hit CP-SAT's answer is discarded, so the plan is the deterministic one of step 1 and the
+   swaps; it is kept in no disk cache (a faster machine may finish the step).
    Between steps 1 and 2, when the heuristic misses the bound: adjacent swaps of each worker's F/B
    order (`planner.order_search`), seed 0, at most `SWAPS` of them and `SWAP_OP_BUDGET` swaps x
    ops (a count, not a clock, so no cap is needed). On the made-up 1 x 5 x 10 of
@@ -42,7 +46,10 @@ from planner.timeline import Op
 CACHE_ENV = "RECYCLE_FAULT_FREE_CACHE"
 CP_ENV = "RECYCLE_FAULT_FREE_CP_S"
 CP_DETERMINISTIC_S = float(os.environ.get(CP_ENV, "2.0"))
-CP_WALL_CAP_S = 60.0
+CP_WALL_CAP_S = 10.0
+"""Wall seconds the deterministic CP-SAT step may take (module docstring, 2.). The service's solve
+deadline is 2 x the solve limit + 30 s (50 s by default) and a first plan also makes the fault-free
+plan: the grid (up to ~6 s on the made-up jobs), the swaps (~2.3 s at most) and this step."""
 CP_SEED = 0
 SWAPS_ENV = "RECYCLE_FAULT_FREE_SWAPS"
 SWAPS = int(os.environ.get(SWAPS_ENV, "600"))
@@ -57,11 +64,13 @@ def method() -> str:
     activation_w_mb at B end, so a v2 plan of a job with activation_w_mb < activation_mb differs;
     v4: Zero Bubble's greedy and deep-warm-up sweeps join the fault-free candidates; v5: the greedy's
     per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`; v6: stage 0's first forwards
-    spaced where memory paces it, `Policy.first_stage_spacing`, and the order swaps)."""
-    cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g})"
+    spaced where memory paces it, `Policy.first_stage_spacing`, and the order swaps; v7: CP-SAT's
+    answer discarded when its wall cap is hit, and the cap 10 s instead of 60)."""
+    cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g},"
+          f"wall_cap={CP_WALL_CAP_S:g}s)"
           if CP_DETERMINISTIC_S > 0 else "no-cp")
     swaps = f"+order-swaps({SWAPS},ops-budget={SWAP_OP_BUDGET},seed=0)" if SWAPS > 0 else ""
-    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v6"
+    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v7"
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,9 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
                     wall_cap_s: float | None = None) -> FaultFreePlan:
     """The job's fault-free plan (one pipeline), from the cache or solved once. `wall_cap_s` caps
     the CP-SAT step's wall time below `CP_WALL_CAP_S` (a solve with a time limit asking for the
-    dropped job's plan); a plan made when a cap was hit is kept in no cache, so the deterministic
-    plan is still what a caller with time gets."""
+    dropped job's plan, a candidate: it keeps the best plan the capped step found); a plan made
+    when a cap was hit is kept in no cache, so the deterministic plan is still what a caller with
+    time gets. Without `wall_cap_s` (the job's own plan) a capped step's answer is discarded."""
     key = canonical_hash(job)
     with _lock:
         hit = _memory.get((key, method()))
@@ -106,7 +116,8 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
     folder = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
     found = _read(Path(folder) / f"{key}.json", key) if folder else None
     if found is None:
-        found = _solve(job, key, CP_WALL_CAP_S if wall_cap_s is None else min(CP_WALL_CAP_S, wall_cap_s))
+        found = _solve(job, key, CP_WALL_CAP_S if wall_cap_s is None else min(CP_WALL_CAP_S, wall_cap_s),
+                       keep_capped=wall_cap_s is not None)
         if not found.cacheable:
             return found
         if folder:
@@ -115,7 +126,7 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
         return _memory.setdefault((key, method()), found)
 
 
-def _solve(job: JobSpec, key: str, wall_cap_s: float) -> FaultFreePlan:
+def _solve(job: JobSpec, key: str, wall_cap_s: float, keep_capped: bool) -> FaultFreePlan:
     from planner.bounds import lower_bound
     from planner.candidates import SearchInfo, best_heuristic
 
@@ -143,7 +154,9 @@ def _solve(job: JobSpec, key: str, wall_cap_s: float) -> FaultFreePlan:
             result = cpsat.improve(single, (), ops, period, bound, wall_cap_s, CP_SEED,
                                    deterministic_time=CP_DETERMINISTIC_S)
             cacheable = not result.parameters.get("wall_cap_hit", False)
-            if result.ops is not None:
+            # A capped step's answer depends on the machine and its load: the job's own plan stays
+            # the deterministic one; a caller's candidate within its budget takes what was found.
+            if result.ops is not None and (cacheable or keep_capped):
                 report = replay(single, result.ops)
                 if report.converged and report.iteration_ms < period - 1e-6:
                     ops, period = result.ops, report.iteration_ms

@@ -23,6 +23,11 @@ from planner.spec import JobSpec
 CP_HELPS = {"pipelines": 3, "stages": 3, "microbatches": 4, "forward_ms": [3.0, 6.0, 5.0],
             "backward_input_ms": [5.0, 7.0, 1.0], "backward_weight_ms": 9.0, "p2p_ms": 1.0,
             "allreduce_ms": 2.0, "optimizer_ms": 1.0, "activation_mb": 1.0, "memory_limit_mb": 3.0}
+# Found by search: without the order swaps, the grid's best is 173 ms and CP-SAT's step 166.
+CP_STEP_HELPS = {"pipelines": 1, "stages": 3, "microbatches": 5, "forward_ms": [5.0, 8.0, 3.0],
+                 "backward_input_ms": [9.0, 6.0, 8.0], "backward_weight_ms": [7.0, 2.0, 4.0],
+                 "p2p_ms": 2.0, "allreduce_ms": 2.0, "optimizer_ms": 1.0, "activation_mb": 1.0,
+                 "memory_limit_mb": 2.0}
 # Found by search: here the best fault-free plan is a list schedule that a wall-time budget of the
 # heuristic grid cuts off (61 ms with the whole grid, 63 ms when the clock runs out early).
 CLOCK_MATTERS = {"pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": [2.0, 7.0],
@@ -123,6 +128,43 @@ def test_a_wall_capped_fault_free_plan_is_cached_nowhere(with_cp, monkeypatch, t
     assert caps == [0.5, ff.CP_WALL_CAP_S]  # solved again, with the full cap
     assert deterministic.cacheable
     assert len(list(tmp_path.glob("*.json"))) == 1 and len(ff._memory) == 1
+
+
+def test_a_capped_cp_sat_step_leaves_the_deterministic_plan(with_cp, monkeypatch):
+    """CP-SAT's wall per deterministic unit varies ~10x between models, so its step is capped; an
+    answer found before the cap cut it depends on the machine's speed and load. It must be
+    discarded: the plan is then exactly the one made without the CP-SAT step (which here is worse,
+    173 against 166 ms without the order swaps, so keeping the capped answer would show)."""
+    from planner.cp import cpsat
+
+    monkeypatch.setattr(ff, "SWAPS", 0)  # only the grid and CP-SAT's step (found by search)
+    job = JobSpec.parse(CP_STEP_HELPS)
+    uncapped = ff.fault_free_plan(job)
+    assert "cp-sat" in uncapped.policy  # the step does improve this job when it runs to its end
+    monkeypatch.setattr(ff, "CP_DETERMINISTIC_S", 0.0)
+    ff.clear_memory_cache()
+    without_step = ff.fault_free_plan(job)
+    assert without_step.iteration_ms > uncapped.iteration_ms + 1.0
+    monkeypatch.setattr(ff, "CP_DETERMINISTIC_S", 2.0)
+    ff.clear_memory_cache()
+    real_improve = cpsat.improve
+
+    def cut(*args, **kwargs):
+        result = real_improve(*args, **kwargs)
+        assert result.ops is not None  # CP-SAT did find the better plan ...
+        result.parameters["wall_cap_hit"] = True  # ... but the cap cut the step short
+        return result
+
+    monkeypatch.setattr(cpsat, "improve", cut)
+    capped = ff.fault_free_plan(job)
+    assert not capped.cacheable
+    assert capped.iteration_ms == without_step.iteration_ms and capped.policy == without_step.policy
+    assert capped.ops == without_step.ops
+    # A failure solve asking for the dropped job's plan within its budget wants the best candidate
+    # it can get there: it takes the capped step's answer (kept in no cache either).
+    candidate = ff.fault_free_plan(job, wall_cap_s=5.0)
+    assert not candidate.cacheable and "cp-sat" in candidate.policy
+    assert candidate.iteration_ms == uncapped.iteration_ms
 
 
 def test_making_the_fault_free_plan_leaves_the_failure_solve_its_whole_limit(monkeypatch):
