@@ -166,14 +166,19 @@ def _solve(job: JobSpec, key: str, wall_cap_s: float, keep_capped: bool) -> Faul
 
 
 def _read(path: Path, key: str) -> FaultFreePlan | None:
+    """The cached plan, or None when the file is missing, unreadable, of another job or method, or
+    not what `_write` writes (a file edited or written by something else costs a re-solve, never a
+    traceback)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if data.get("key") != key or data.get("method") != method():
+            return None
+        ops = tuple(Op((0, int(o[0])), str(o[1]), None if o[2] is None else (0, int(o[2])), float(o[3]),
+                       float(o[4])) for o in data["ops"])
+        return FaultFreePlan(key, ops, float(data["iteration_ms"]), str(data["policy"]), data["method"],
+                             bool(data["settled"]))
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
-    if data.get("key") != key or data.get("method") != method():
-        return None
-    ops = tuple(Op((0, o[0]), o[1], None if o[2] is None else (0, o[2]), o[3], o[4]) for o in data["ops"])
-    return FaultFreePlan(key, ops, data["iteration_ms"], data["policy"], data["method"], data["settled"])
 
 
 def _write(folder: Path, plan: FaultFreePlan) -> None:

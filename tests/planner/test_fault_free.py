@@ -103,6 +103,29 @@ def test_separate_processes_report_the_same_fault_free_period(tmp_path):
 
 
 
+@pytest.mark.parametrize("text", [
+    "[1, 2]",  # JSON, but not an object
+    '{"key": "KEY", "method": "METHOD"}',  # this job and method, no plan in it
+    '{"key": "KEY", "method": "METHOD", "iteration_ms": 1.0, "policy": "p", "settled": true, '
+    '"ops": [[0, "F"]]}',  # an op cut short
+    "{not json",
+])
+def test_a_garbled_disk_cache_file_costs_a_re_solve(tmp_path, text):
+    """The cache directory may be shared and edited by hand: a file that is not what the planner
+    writes is ignored (the plan is made again and the file rewritten), never a traceback."""
+    job = JobSpec.parse(CLOCK_MATTERS)
+    key = ff.canonical_hash(job)
+    path = tmp_path / f"{key}.json"
+    path.write_text(text.replace("KEY", key).replace("METHOD", ff.method()))
+    ff.clear_memory_cache()
+    try:
+        made = ff.fault_free_plan(job, cache_dir=tmp_path)
+    finally:
+        ff.clear_memory_cache()
+    assert made.ops and made.iteration_ms == pytest.approx(replay(job, list(made.ops)).iteration_ms)
+    assert json.loads(path.read_text())["iteration_ms"] == made.iteration_ms  # rewritten
+
+
 def test_a_wall_capped_fault_free_plan_is_cached_nowhere(with_cp, monkeypatch, tmp_path):
     """A solve with a time limit caps the dropped job's CP-SAT step by its wall time; a plan made
     when the cap was hit may be worse than the deterministic one, so it must not be what the next
