@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         default=None, gt=0, description="Most wall time one solve may take in all (its process is stopped "
         "and the plan marked failed); default 2 x RECYCLE_SOLVE_TIME_LIMIT_S + 30 s.")
     use_cp: bool = Field(default=True, description="Let the planner run CP-SAT after its heuristic.")
+    fault_free_cache: str | None = Field(
+        default=None, description="Directory where the solve processes share each job's fault-free plan "
+        "(made once per job, deterministic; up to tens of seconds on a large job), across restarts too. "
+        "The planner reads the same variable (RECYCLE_FAULT_FREE_CACHE). Default: a temporary "
+        "directory for the service's lifetime, so its solve processes still share it.")
     solver_processes: int = Field(default=1, ge=1, description="Size of the solve process pool.")
     max_queued_solves: int = Field(
         default=64, ge=0, description="Client solves that may wait for a solve process; more answer 503.")

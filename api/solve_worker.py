@@ -16,10 +16,17 @@ import threading
 import time
 from typing import Any
 
+FAULT_FREE_CACHE_ENV = "RECYCLE_FAULT_FREE_CACHE"
+"""`planner.fault_free.CACHE_ENV` (not imported here: the planner loads in `warm_up`)."""
 
-def init_worker(parent_pid: int, niceness: int = 0) -> None:
+
+def init_worker(parent_pid: int, niceness: int = 0, fault_free_cache: str | None = None) -> None:
     """`niceness`: how much lower than the server this process's CPU priority is (see
-    `api.solver.FULL_SOLVE_NICENESS`)."""
+    `api.solver.FULL_SOLVE_NICENESS`). `fault_free_cache`: the directory where every solve process
+    reads and writes jobs' fault-free plans (`planner.fault_free`), so a job's plan made by the
+    warm-up in the quick process is not made again by each full-solve process."""
+    if fault_free_cache is not None:
+        os.environ[FAULT_FREE_CACHE_ENV] = fault_free_cache
     if niceness:
         with contextlib.suppress(OSError):
             os.nice(niceness)
@@ -37,6 +44,11 @@ def init_worker(parent_pid: int, niceness: int = 0) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def fault_free_cache() -> str | None:
+    """The fault-free plan cache this process uses (tests read it through the pool)."""
+    return os.environ.get(FAULT_FREE_CACHE_ENV)
 
 
 def warm_up() -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -70,15 +72,19 @@ class Solver:
         self.queue = SolveQueue(settings.solver_processes, settings.max_queued_solves)
         self.quick_queue = SolveQueue(1, 0)
         self._warmed: LRU[str, bool] = LRU(settings.cache_entries)
+        self.fault_free_cache = settings.fault_free_cache
+        self._own_cache: str | None = None  # the temporary directory made here, removed at shutdown
 
     def start(self) -> None:
+        if self.fault_free_cache is None:
+            self._own_cache = self.fault_free_cache = tempfile.mkdtemp(prefix="recycle-fault-free-")
         self._pool = self._new_pool(self.settings.solver_processes, FULL_SOLVE_NICENESS)
         self._quick_pool = self._new_pool(1, QUICK_SOLVE_NICENESS)
 
     def _new_pool(self, processes: int, niceness: int = 0) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(
             max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
-            initializer=solve_worker.init_worker, initargs=(os.getpid(), niceness))
+            initializer=solve_worker.init_worker, initargs=(os.getpid(), niceness, self.fault_free_cache))
         # Start and warm the workers now, so the first failure does not pay for process start-up.
         for _ in range(processes):
             pool.submit(solve_worker.warm_up)
@@ -92,6 +98,9 @@ class Solver:
             setattr(self, name, None)
             if pool is not None:
                 _stop_pool(pool)
+        if self._own_cache is not None:
+            shutil.rmtree(self._own_cache, ignore_errors=True)
+            self._own_cache = None
 
     def _replace_pool(self, broken: ProcessPoolExecutor, why: str) -> None:
         """A pool whose process died (kill, out of memory) or overran is useless: start a fresh one.

@@ -1,0 +1,82 @@
+"""The service's solve processes share each job's fault-free plan through one directory.
+
+A job's fault-free plan is made once, deterministically, and can take tens of seconds on a large
+job; the warm-up makes it in the quick process when the job is created. Without a shared directory
+each full-solve process made it again inside its first failure solve, whose deadline (2 x the time
+limit + 30 s) it could overrun. With real spawned pools: both pools see the same directory, the
+warm-up writes the job's plan there, and a directory the service made for itself goes at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from api_testkit import small_job
+
+
+def _solver(tmp_path: Path, **settings):
+    from api.db import make_engine, migrate
+    from api.metrics import Metrics
+    from api.settings import Settings
+    from api.solver import Solver
+    from api.store import Store
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    migrate(engine)
+    return Solver(Settings(database_url="sqlite://", solve_time_limit_s=1, use_cp=False, **settings),
+                  Store(engine), Metrics())
+
+
+def _caches(solver) -> set:
+    from api import solve_worker
+
+    return {pool.submit(solve_worker.fault_free_cache).result(timeout=120)
+            for pool in (solver._pool, solver._quick_pool)}
+
+
+def _warm(solver, job) -> None:
+    async def scenario() -> None:
+        solver.warm_job("job-1", job)
+        await asyncio.wait_for(asyncio.gather(*solver._tasks), 120)
+
+    asyncio.run(scenario())
+
+
+def test_the_solve_processes_share_one_fault_free_cache_the_service_removes(tmp_path: Path):
+    from planner.fault_free import canonical_hash
+    from planner.spec import JobSpec
+
+    job = JobSpec.parse(small_job(2, 3, 5))
+    solver = _solver(tmp_path, fault_free_cache=None)  # whatever the environment says
+    solver.start()
+    try:
+        caches = _caches(solver)
+        assert len(caches) == 1 and None not in caches, caches  # one directory, in both pools
+        folder = Path(caches.pop())
+        assert folder.is_dir() and not list(folder.iterdir())
+        _warm(solver, job)
+        written = folder / f"{canonical_hash(job)}.json"
+        assert written.is_file()  # a full-solve process reads it instead of solving again
+        assert json.loads(written.read_text())["ops"]
+    finally:
+        solver.shutdown()
+    assert not folder.exists()  # the service's own temporary directory
+
+
+def test_a_configured_fault_free_cache_is_used_and_kept(tmp_path: Path):
+    from planner.fault_free import canonical_hash
+    from planner.spec import JobSpec
+
+    folder = tmp_path / "ff-cache"
+    folder.mkdir()
+    job = JobSpec.parse(small_job(2, 2, 4))
+    solver = _solver(tmp_path, fault_free_cache=str(folder))
+    solver.start()
+    try:
+        assert _caches(solver) == {str(folder)}
+        _warm(solver, job)
+    finally:
+        solver.shutdown()
+    assert (folder / f"{canonical_hash(job)}.json").is_file()  # kept across restarts
