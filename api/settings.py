@@ -43,6 +43,10 @@ class Settings(BaseSettings):
         default=None, gt=0, description="Most wall time one solve may take in all (its process is stopped "
         "and the plan marked failed); default 2 x RECYCLE_SOLVE_TIME_LIMIT_S + 30 s.")
     use_cp: bool = Field(default=True, description="Let the planner run CP-SAT after its heuristic.")
+    fault_free_deadline_s: float = Field(
+        default=300.0, gt=0, description="Most wall time the making of a job's fault-free plan may take "
+        "(once per job, before its first solve; tens of seconds on a large pipeline with uneven "
+        "stages). It is not counted in RECYCLE_SOLVE_DEADLINE_S.")
     fault_free_cache: str | None = Field(
         default=None, description="Directory where the solve processes share each job's fault-free plan "
         "(made once per job, deterministic; up to tens of seconds on a large job), across restarts too. "

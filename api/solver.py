@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 from anyio import to_thread
@@ -37,6 +38,7 @@ from api.metrics import Metrics
 from api.settings import Settings
 from api.solve_queue import CLIENT, PRECOMPUTE, SolveQueue
 from api.store import Store
+from planner.fault_free import canonical_hash
 from planner.spec import JobSpec, SpecError
 
 log = logs.get("solver")
@@ -131,7 +133,7 @@ class Solver:
             pool = self._quick_pool
             if pool is not None:
                 await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                    pool, solve_worker.warm_job, job.model_dump_json()), self.settings.deadline_s)
+                    pool, solve_worker.warm_job, job.model_dump_json()), self.settings.fault_free_deadline_s)
         except Exception as exc:  # only a head start: the quick plan computes it anyway
             log.info("job warm-up skipped", extra={"job_id": job_id, "error": f"{type(exc).__name__}: {exc}"})
         finally:
@@ -192,6 +194,7 @@ class Solver:
             pool = self._quick_pool if in_quick else self._pool
             if pool is None:
                 raise RuntimeError("solver not started")
+            await self._make_fault_free_plan(pool, job)
             try:
                 loop, failed_lists = asyncio.get_running_loop(), [list(w) for w in failed]
                 future = loop.run_in_executor(pool, solve_worker.quick_solve_class, job.model_dump_json(),
@@ -211,6 +214,31 @@ class Solver:
                         "the solve process died twice while planning this class (killed, or out of "
                         "memory)") from None
         raise AssertionError("unreachable")
+
+    def fault_free_on_disk(self, job: JobSpec) -> bool:
+        """Whether the job's fault-free plan is in the solve processes' shared directory."""
+        if self.fault_free_cache is None:
+            return False
+        return (Path(self.fault_free_cache) / f"{canonical_hash(job)}.json").is_file()
+
+    async def _make_fault_free_plan(self, pool: ProcessPoolExecutor, job: JobSpec) -> None:
+        """Make the job's fault-free plan in `pool` first, unless it is on disk, under a deadline of
+        its own (RECYCLE_FAULT_FREE_DEADLINE_S): it is made once per job and takes tens of seconds
+        on a large pipeline with uneven stages (45 s for 8 x 32 x 256), which inside a solve's
+        deadline (2 x the limit + 30 s) made the job's first solves fail."""
+        if self.fault_free_on_disk(job):
+            return
+        limit = self.settings.fault_free_deadline_s
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                pool, solve_worker.warm_job, job.model_dump_json()), limit)
+        except TimeoutError:
+            self._replace_pool(pool, f"a fault-free plan overran its deadline of {limit:g} s")
+            raise solve_worker.SolveFailed(
+                f"the job's fault-free plan overran its deadline of {limit:g} s "
+                "(RECYCLE_FAULT_FREE_DEADLINE_S) and was stopped") from None
+        except BrokenProcessPool:
+            pass  # the solve below meets the broken pool and replaces it
 
     async def _run(self, key: tuple[str, str], job: JobSpec, failed: tuple, future: asyncio.Future,
                    priority: int) -> None:

@@ -14,7 +14,8 @@ copies of one pipeline's plan have that pipeline's period) by:
    (2 units took 9 s on the made-up 1 x 4 x 20, 52 s on a 1 x 2 x 13 whose memory holds one
    micro-batch), and a first plan must stay well inside the service's solve deadline. When the cap
    is hit CP-SAT's answer is discarded, so the plan is the deterministic one of step 1 and the
-   swaps; it is kept in no disk cache (a faster machine may finish the step).
+   swaps, cached like any other (with a shared disk cache every process then gets that plan, even
+   one on a machine fast enough to finish the step).
    Between steps 1 and 2, when the heuristic misses the bound: adjacent swaps of each worker's F/B
    order (`planner.order_search`), seed 0, at most `SWAPS` of them and `SWAP_OP_BUDGET` swaps x
    ops (a count, not a clock, so no cap is needed). On the made-up 1 x 5 x 10 of
@@ -107,7 +108,8 @@ def fault_free_plan(job: JobSpec, cache_dir: str | os.PathLike | None = None,
     the CP-SAT step's wall time below `CP_WALL_CAP_S` (a solve with a time limit asking for the
     dropped job's plan, a candidate: it keeps the best plan the capped step found); a plan made
     when a cap was hit is kept in no cache, so the deterministic plan is still what a caller with
-    time gets. Without `wall_cap_s` (the job's own plan) a capped step's answer is discarded."""
+    time gets. Without `wall_cap_s` (the job's own plan) a capped step's answer is discarded and
+    the plan without it is cached."""
     key = canonical_hash(job)
     with _lock:
         hit = _memory.get((key, method()))
@@ -153,10 +155,13 @@ def _solve(job: JobSpec, key: str, wall_cap_s: float, keep_capped: bool) -> Faul
         if single.op_count <= cpsat.FULL_MAX_OPS:
             result = cpsat.improve(single, (), ops, period, bound, wall_cap_s, CP_SEED,
                                    deterministic_time=CP_DETERMINISTIC_S)
-            cacheable = not result.parameters.get("wall_cap_hit", False)
+            capped = result.parameters.get("wall_cap_hit", False)
             # A capped step's answer depends on the machine and its load: the job's own plan stays
-            # the deterministic one; a caller's candidate within its budget takes what was found.
-            if result.ops is not None and (cacheable or keep_capped):
+            # the grid-and-swaps one (cached like any other: the same plan wherever the cap binds,
+            # and no re-solve per call); a caller's candidate within its budget takes what was
+            # found and is cached nowhere.
+            cacheable = not (capped and keep_capped)
+            if result.ops is not None and (not capped or keep_capped):
                 report = replay(single, result.ops)
                 if report.converged and report.iteration_ms < period - 1e-6:
                     ops, period = result.ops, report.iteration_ms

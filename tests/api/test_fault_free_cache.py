@@ -80,3 +80,63 @@ def test_a_configured_fault_free_cache_is_used_and_kept(tmp_path: Path):
     finally:
         solver.shutdown()
     assert (folder / f"{canonical_hash(job)}.json").is_file()  # kept across restarts
+
+
+# Runs in a spawned pool process: making any fault-free plan takes 4 s longer than it does.
+SLOW_FAULT_FREE = """
+import planner.fault_free
+planner.fault_free.real_solve = planner.fault_free._solve
+def _slow(*args, **kwargs):
+    import time
+    import planner.fault_free as ff  # exec's names are not this function's globals
+    time.sleep(4.0)
+    return ff.real_solve(*args, **kwargs)
+planner.fault_free._solve = _slow
+"""
+
+
+def test_a_solve_deadline_does_not_count_the_fault_free_plan(tmp_path: Path):
+    """A job's fault-free plan is made once, before its first solve, and can take tens of seconds
+    (45 s on 8 x 32 x 256): it runs under RECYCLE_FAULT_FREE_DEADLINE_S of its own, so a 3 s solve
+    deadline still lets a 1 s solve finish when the fault-free plan takes 4 s; a fault-free plan
+    overrunning its own deadline fails the solve with a message that names it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from api.db import make_engine, migrate
+    from api.metrics import Metrics
+    from api.settings import Settings
+    from api.solver import Solver
+    from api.store import Store
+    from planner.failures import normalize
+    from planner.spec import JobSpec
+
+    def run(fault_free_deadline_s: float) -> tuple[str, str | None]:
+        engine = make_engine(f"sqlite:///{tmp_path / f'r{fault_free_deadline_s:g}.db'}")
+        migrate(engine)
+        store = Store(engine)
+        job = JobSpec.parse(small_job(2, 2, 4))
+        row = store.create_job(job)
+        canonical = normalize(job, [(0, 1)])
+        store.ensure_solve(row.id, canonical.key)
+        settings = Settings(database_url="sqlite://", solve_time_limit_s=1, solve_deadline_s=3,
+                            fault_free_deadline_s=fault_free_deadline_s, use_cp=False, fault_free_cache=None)
+        solver = Solver(settings, store, Metrics())
+        solver._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=exec, initargs=(SLOW_FAULT_FREE,))
+        async def solve() -> str:
+            return await asyncio.wait_for(solver.ensure(row.id, job, canonical.key, canonical.failed), 120)
+
+        try:
+            status = asyncio.run(solve())
+            with engine.connect() as conn:
+                from sqlalchemy import text
+                error = conn.execute(text("SELECT error FROM solves")).scalar_one()
+            return status, error
+        finally:
+            solver.shutdown()
+            engine.dispose()
+
+    assert run(fault_free_deadline_s=60) == ("done", None)
+    status, error = run(fault_free_deadline_s=1)
+    assert status == "failed" and "fault-free plan overran its deadline of 1 s" in error, error
