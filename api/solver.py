@@ -203,10 +203,7 @@ class Solver:
                     self.settings.solve_time_limit_s, self.settings.use_cp, 0)
                 return await asyncio.wait_for(future, deadline)
             except TimeoutError:
-                self._replace_pool(pool, f"a solve overran its deadline of {deadline:g} s")
-                raise solve_worker.SolveFailed(
-                    f"the solve overran its deadline of {deadline:g} s (RECYCLE_SOLVE_DEADLINE_S) and was "
-                    "stopped") from None
+                raise self._overran(pool, "the solve", deadline, "RECYCLE_SOLVE_DEADLINE_S") from None
             except BrokenProcessPool:
                 self._replace_pool(pool, "a solve process died")
                 if attempt == 2:
@@ -233,12 +230,16 @@ class Solver:
             await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
                 pool, solve_worker.warm_job, job.model_dump_json()), limit)
         except TimeoutError:
-            self._replace_pool(pool, f"a fault-free plan overran its deadline of {limit:g} s")
-            raise solve_worker.SolveFailed(
-                f"the job's fault-free plan overran its deadline of {limit:g} s "
-                "(RECYCLE_FAULT_FREE_DEADLINE_S) and was stopped") from None
+            raise self._overran(pool, "the job's fault-free plan", limit,
+                                "RECYCLE_FAULT_FREE_DEADLINE_S") from None
         except BrokenProcessPool:
             pass  # the solve below meets the broken pool and replaces it
+
+    def _overran(self, pool: ProcessPoolExecutor, what: str, limit: float, setting: str) -> Exception:
+        """Stop `pool` (its process runs on) and say what overran which deadline."""
+        self._replace_pool(pool, f"{what} overran its deadline of {limit:g} s")
+        return solve_worker.SolveFailed(
+            f"{what} overran its deadline of {limit:g} s ({setting}) and was stopped")
 
     async def _run(self, key: tuple[str, str], job: JobSpec, failed: tuple, future: asyncio.Future,
                    priority: int) -> None:
