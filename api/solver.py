@@ -78,7 +78,7 @@ class Solver:
         self._own_cache: str | None = None  # the temporary directory made here, removed at shutdown
 
     def start(self) -> None:
-        if self.fault_free_cache is None:
+        if not self.fault_free_cache:  # unset, or set empty (as the planner reads it: no directory)
             self._own_cache = self.fault_free_cache = tempfile.mkdtemp(prefix="recycle-fault-free-")
         self._pool = self._new_pool(self.settings.solver_processes, FULL_SOLVE_NICENESS)
         self._quick_pool = self._new_pool(1, QUICK_SOLVE_NICENESS)

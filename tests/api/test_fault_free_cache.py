@@ -65,6 +65,19 @@ def test_the_solve_processes_share_one_fault_free_cache_the_service_removes(tmp_
     assert not folder.exists()  # the service's own temporary directory
 
 
+def test_an_empty_fault_free_cache_setting_means_the_services_own(tmp_path: Path):
+    """RECYCLE_FAULT_FREE_CACHE= (empty) is "no directory" to the planner; the service must not
+    take it for the current directory."""
+    solver = _solver(tmp_path, fault_free_cache="")
+    solver.start()
+    try:
+        (folder,) = _caches(solver)
+        assert folder and Path(folder).is_dir() and Path(folder).resolve() != Path.cwd().resolve()
+    finally:
+        solver.shutdown()
+    assert not Path(folder).exists()
+
+
 def test_a_configured_fault_free_cache_is_used_and_kept(tmp_path: Path):
     from planner.fault_free import canonical_hash
     from planner.spec import JobSpec
