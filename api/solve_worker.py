@@ -16,9 +16,6 @@ import threading
 import time
 from typing import Any
 
-FAULT_FREE_CACHE_ENV = "RECYCLE_FAULT_FREE_CACHE"
-"""`planner.fault_free.CACHE_ENV` (not imported here: the planner loads in `warm_up`)."""
-
 
 def init_worker(parent_pid: int, niceness: int = 0, fault_free_cache: str | None = None) -> None:
     """`niceness`: how much lower than the server this process's CPU priority is (see
@@ -26,7 +23,9 @@ def init_worker(parent_pid: int, niceness: int = 0, fault_free_cache: str | None
     reads and writes jobs' fault-free plans (`planner.fault_free`), so a job's plan made by the
     warm-up in the quick process is not made again by each full-solve process."""
     if fault_free_cache is not None:
-        os.environ[FAULT_FREE_CACHE_ENV] = fault_free_cache
+        from planner.fault_free import CACHE_ENV
+
+        os.environ[CACHE_ENV] = fault_free_cache
     if niceness:
         with contextlib.suppress(OSError):
             os.nice(niceness)
@@ -48,7 +47,9 @@ def init_worker(parent_pid: int, niceness: int = 0, fault_free_cache: str | None
 
 def fault_free_cache() -> str | None:
     """The fault-free plan cache this process uses (tests read it through the pool)."""
-    return os.environ.get(FAULT_FREE_CACHE_ENV)
+    from planner.fault_free import CACHE_ENV
+
+    return os.environ.get(CACHE_ENV)
 
 
 def warm_up() -> bool:
@@ -72,6 +73,12 @@ class SolveFailed(Exception):  # noqa: N818 - the name says what happened to the
         return (SolveFailed, (self.message,))
 
 
+def _as_solve_failed(exc: Exception) -> SolveFailed:
+    """What the planner raised, as the one readable line that crosses the pool (`SolveFailed`)."""
+    message = " ".join(str(exc).split())[:2000]
+    return SolveFailed(f"{type(exc).__name__}: {message}")
+
+
 def solve_class(job_json: str, failed: list[list[int]], time_limit_s: float, use_cp: bool,
                 seed: int) -> tuple[dict[str, Any], str]:
     """Plan one canonical failure class; (summary, timeline JSON text).
@@ -88,8 +95,7 @@ def solve_class(job_json: str, failed: list[list[int]], time_limit_s: float, use
         timeline = result.timeline_json()
         return timeline["solver"], json.dumps(timeline, separators=(",", ":"))
     except Exception as exc:
-        message = " ".join(str(exc).split())[:2000]
-        raise SolveFailed(f"{type(exc).__name__}: {message}") from None
+        raise _as_solve_failed(exc) from None
 
 
 def quick_solve_class(job_json: str, failed: list[list[int]]) -> tuple[dict[str, Any], str]:
@@ -103,8 +109,7 @@ def quick_solve_class(job_json: str, failed: list[list[int]]) -> tuple[dict[str,
         summary, timeline = quick_class(job, tuple(tuple(w) for w in failed))
         return summary, json.dumps(timeline, separators=(",", ":"))
     except Exception as exc:
-        message = " ".join(str(exc).split())[:2000]
-        raise SolveFailed(f"{type(exc).__name__}: {message}") from None
+        raise _as_solve_failed(exc) from None
 
 
 def warm_job(job_json: str) -> bool:
@@ -119,5 +124,4 @@ def warm_job(job_json: str) -> bool:
         fault_free_plan(JobSpec.model_validate_json(job_json))
         return True
     except Exception as exc:
-        message = " ".join(str(exc).split())[:2000]
-        raise SolveFailed(f"{type(exc).__name__}: {message}") from None
+        raise _as_solve_failed(exc) from None

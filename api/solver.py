@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
 from anyio import to_thread
@@ -38,7 +37,6 @@ from api.metrics import Metrics
 from api.settings import Settings
 from api.solve_queue import CLIENT, PRECOMPUTE, SolveQueue
 from api.store import Store
-from planner.fault_free import canonical_hash
 from planner.spec import JobSpec, SpecError
 
 log = logs.get("solver")
@@ -212,19 +210,13 @@ class Solver:
                         "memory)") from None
         raise AssertionError("unreachable")
 
-    def fault_free_on_disk(self, job: JobSpec) -> bool:
-        """Whether the job's fault-free plan is in the solve processes' shared directory."""
-        if self.fault_free_cache is None:
-            return False
-        return (Path(self.fault_free_cache) / f"{canonical_hash(job)}.json").is_file()
-
     async def _make_fault_free_plan(self, pool: ProcessPoolExecutor, job: JobSpec) -> None:
-        """Make the job's fault-free plan in `pool` first, unless it is on disk, under a deadline of
-        its own (RECYCLE_FAULT_FREE_DEADLINE_S): it is made once per job and takes tens of seconds
-        on a large pipeline with uneven stages (45 s for 8 x 32 x 256), which inside a solve's
-        deadline (2 x the limit + 30 s) made the job's first solves fail."""
-        if self.fault_free_on_disk(job):
-            return
+        """Have `pool` make the job's fault-free plan first, under a deadline of its own
+        (RECYCLE_FAULT_FREE_DEADLINE_S): it is made once per job and takes tens of seconds on a large
+        pipeline with uneven stages (45 s for 8 x 32 x 256), which inside a solve's deadline (2 x the
+        limit + 30 s) made the job's first solves fail. Once made it is a read of the shared
+        directory or the process's memory (the planner decides, so a file of another method counts
+        as missing)."""
         limit = self.settings.fault_free_deadline_s
         try:
             await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(

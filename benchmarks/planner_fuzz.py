@@ -59,6 +59,22 @@ def random_job(rng: random.Random, activation_w_share: float = 0.0) -> JobSpec:
     return JobSpec.parse(spec)
 
 
+def broken(job: JobSpec, failed, result, drop_ms: float | None = None) -> str | None:
+    """What is wrong with `result`, as a FAIL line (None: nothing): a rule broken, a replayed period
+    other than `iteration_ms`, a period below the bound, or, given the dropping period, above it.
+    A compressed plan's ops are expanded (`list`) and checked as any plan's."""
+    concrete = list(result.ops)
+    problems = validate(job, result.failed, concrete)
+    period = replay(job, concrete).iteration_ms
+    slower = drop_ms is not None and result.iteration_ms > drop_ms + 1e-6
+    if problems or abs(period - result.iteration_ms) > 1e-6 or \
+            result.iteration_ms < result.lower_bound_ms - 1e-6 or slower:
+        drop = "" if drop_ms is None else f" drop={drop_ms}"
+        return (f"FAIL job={job.model_dump_json()} failed={failed}: {problems[:3]} period={period} "
+                f"reported={result.iteration_ms} bound={result.lower_bound_ms}{drop}")
+    return None
+
+
 def wide_job(rng: random.Random) -> JobSpec:
     """`--wide`'s jobs: odd shapes and edge values (module docstring)."""
     stages = rng.randint(1, 7)
@@ -156,15 +172,11 @@ def wide(args) -> int:
         began = time.perf_counter()
         result = plan(job, failed, time_limit_s=args.time_limit)
         first_walls.append(time.perf_counter() - began)
-        concrete = list(result.ops)  # a compressed plan's every op, expanded: checked as any plan
-        problems = validate(job, result.failed, concrete)
-        period = replay(job, concrete).iteration_ms
         damaged = len({p for p, _ in failed})
-        drop = drop_period(job, failed, {}) if 0 < damaged < job.pipelines else float("inf")
-        if problems or abs(period - result.iteration_ms) > 1e-6 or \
-                result.iteration_ms < result.lower_bound_ms - 1e-6 or result.iteration_ms > drop + 1e-6:
-            print(f"FAIL job={job.model_dump_json()} failed={failed}: {problems[:3]} period={period} "
-                  f"reported={result.iteration_ms} bound={result.lower_bound_ms} drop={drop}")
+        drop = drop_period(job, failed, {}) if 0 < damaged < job.pipelines else None
+        failure = broken(job, failed, result, drop)
+        if failure:
+            print(failure)
             return 1
         planned += 1
     first_walls.sort()
@@ -202,12 +214,9 @@ def main() -> int:
         except SpecError:
             refused += 1
             continue
-        problems = validate(job, result.failed, result.ops)
-        period = replay(job, result.ops).iteration_ms
-        if problems or abs(period - result.iteration_ms) > 1e-6 or \
-                result.iteration_ms < result.lower_bound_ms - 1e-6:
-            print(f"FAIL job={job.model_dump_json()} failed={failed}: {problems[:3]} period={period} "
-                  f"reported={result.iteration_ms} bound={result.lower_bound_ms}")
+        failure = broken(job, failed, result)
+        if failure:
+            print(failure)
             return 1
         planned += 1
     print(f"{planned} plans valid, replayed period == iteration_ms, never below the bound; "
