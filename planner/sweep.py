@@ -157,7 +157,7 @@ def _stalls(orders: dict[int, list[tuple[str, int]]], S: int, DM: int, rule3) ->
         return True  # an input no worker runs: its consumer waits forever
     chain = np.flatnonzero(worker[1:] == worker[:-1])
     try:
-        _levels(total, np.concatenate([src, chain]), np.concatenate([dst, chain + 1]))
+        _levels(total, np.concatenate([src, chain]), np.concatenate([dst, chain + 1]), len(orders))
     except ReplayError:
         return True
     return False

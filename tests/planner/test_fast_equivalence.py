@@ -10,6 +10,7 @@ period could change which plan is written (`benchmarks/plan_hashes.py` checks th
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -54,17 +55,34 @@ def plans(draw, max_d=3, max_s=3, max_m=4):
     return job, None, rng
 
 
+@contextmanager
+def evaluated(by: str):
+    """The replay's graph walked with numpy level by level ("numpy") or in plain Python node by
+    node and edge by edge ("python"), whatever the graph's width would pick."""
+    saved = simulator.NUMPY_LEVELS_MIN_CHAINS, simulator.NUMPY_ITERATION_MIN_EDGES_PER_LEVEL
+    threshold = 0 if by == "numpy" else 10**12
+    simulator.NUMPY_LEVELS_MIN_CHAINS = simulator.NUMPY_ITERATION_MIN_EDGES_PER_LEVEL = threshold
+    try:
+        yield
+    finally:
+        simulator.NUMPY_LEVELS_MIN_CHAINS, simulator.NUMPY_ITERATION_MIN_EDGES_PER_LEVEL = saved
+
+
 def same_replay(job: JobSpec, ops: list[Op]) -> None:
-    """Both replays raise the same error, or return equal reports field for field."""
+    """Both replays raise the same error, or return equal reports field for field, with the graph
+    walked either way."""
     try:
         want = reference_simulator.replay(job, ops)
     except reference_simulator.ReplayError as exc:
-        with pytest.raises(simulator.ReplayError, match=str(exc)):
-            simulator.replay(job, ops)
+        for by in ("numpy", "python"):
+            with evaluated(by), pytest.raises(simulator.ReplayError, match=str(exc)):
+                simulator.replay(job, ops)
         return
-    got = simulator.replay(job, ops)
-    assert got.__dict__ == want.__dict__
-    assert list(got.busy_ms) == list(want.busy_ms)  # same worker order too
+    for by in ("numpy", "python"):
+        with evaluated(by):
+            got = simulator.replay(job, ops)
+        assert got.__dict__ == want.__dict__, by
+        assert list(got.busy_ms) == list(want.busy_ms)  # same worker order too
 
 
 @FAST
@@ -122,11 +140,14 @@ def test_levels_equal_reference(nodes, edges, seed):
     perm = rng.permutation(nodes)  # node ids not in topological order
     src, dst = perm[src], perm[dst]
     want = reference_simulator._levels(nodes, src, dst).tolist()
-    assert simulator._levels(nodes, src, dst).tolist() == want
+    # Both ways of running the rounds: numpy frontiers (wide graphs) and one node at a time.
+    for chains in (1, simulator.NUMPY_LEVELS_MIN_CHAINS):
+        assert simulator._levels(nodes, src, dst, chains).tolist() == want
     if src.size:
         cyc_src, cyc_dst = np.r_[src, dst[:1]], np.r_[dst, src[:1]]
-        with pytest.raises(simulator.ReplayError):
-            simulator._levels(nodes, cyc_src, cyc_dst)
+        for chains in (1, simulator.NUMPY_LEVELS_MIN_CHAINS):
+            with pytest.raises(simulator.ReplayError):
+                simulator._levels(nodes, cyc_src, cyc_dst, chains)
         with pytest.raises(reference_simulator.ReplayError):
             reference_simulator._levels(nodes, cyc_src, cyc_dst)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner import simulator
 from planner.simulator import ReplayError, replay
 from planner.solve import plan
 from planner.timeline import Op
@@ -172,3 +173,34 @@ def test_replay_uses_the_job_durations_not_the_written_ones(one_worker_job):
     shaved = [Op(op.worker, op.kind, op.microbatch, op.start_ms, op.end_ms - 5e-7) for op in one_worker_ops()]
     assert validate(one_worker_job, [], shaved) == []
     assert replay(one_worker_job, shaved).iteration_ms == 27.0
+
+
+@pytest.mark.parametrize("walk", ["numpy", "python"])
+def test_a_worker_still_busy_when_its_next_input_arrives_starts_when_free(make_job, monkeypatch, walk):
+    """Stage 1's W (10 ms) ends after stage 0 has sent the next iteration's forward, so stage 1's
+    first op waits for its own ready time, not only for its input. By hand: stage 1 runs F 1 + B 1
+    + W 10 = 12 ms back to back each iteration, stage 0 only F + B + W = 3 plus the wait for its
+    gradient, so the period is 12; a replay that forgets the ready time of a first op with an
+    input (the whole graph walked either way) lets stage 1 overlap itself and reports 5."""
+    threshold = 0 if walk == "numpy" else 10**12
+    monkeypatch.setattr(simulator, "NUMPY_LEVELS_MIN_CHAINS", threshold)
+    monkeypatch.setattr(simulator, "NUMPY_ITERATION_MIN_EDGES_PER_LEVEL", threshold)
+    job = make_job(pipelines=1, stages=2, microbatches=1, forward_ms=1.0, backward_input_ms=1.0,
+                   backward_weight_ms=[1.0, 10.0], p2p_ms=0.0, cross_pipeline_p2p_ms=0.0,
+                   allreduce_ms=0.0, optimizer_ms=0.0)
+    ops = [
+        Op((0, 0), "F", (0, 0), 0.0, 1.0),
+        Op((0, 1), "F", (0, 0), 1.0, 2.0),
+        Op((0, 1), "B", (0, 0), 2.0, 3.0),
+        Op((0, 1), "W", (0, 0), 3.0, 13.0),
+        Op((0, 1), "ALLREDUCE", None, 13.0, 13.0),
+        Op((0, 1), "OPTIMIZER", None, 13.0, 13.0),
+        Op((0, 0), "B", (0, 0), 3.0, 4.0),
+        Op((0, 0), "W", (0, 0), 4.0, 5.0),
+        Op((0, 0), "ALLREDUCE", None, 5.0, 5.0),
+        Op((0, 0), "OPTIMIZER", None, 5.0, 5.0),
+    ]
+    assert validate(job, [], ops) == []
+    report = replay(job, ops)
+    assert report.converged
+    assert report.iteration_ms == pytest.approx(12.0)
