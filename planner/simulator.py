@@ -31,9 +31,9 @@ class _Graph:
     last_of_worker: np.ndarray  # worker slot -> index of its final op
     sources: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     """Level-0 nodes (no predecessor)."""
-    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-    """Levels 1.. : (targets, edge sources, edge delays, reduceat offsets); empty when `by_edge`
-    is set."""
+    levels: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    """Levels 1.. : (targets, edge sources, edge delays, reduceat offsets, positions among the
+    targets of workers' first ops, those workers' slots); empty when `by_edge` is set."""
     workers: list[Worker] = field(default_factory=list)
     slot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     """Op index (in `ops` order) -> worker slot (index into `workers`)."""
@@ -190,10 +190,14 @@ def _build_graph(job: JobSpec, ops: Sequence[Op]) -> _Graph:
     # per level), from the positions where the sorted targets change, found once for all levels.
     change = np.flatnonzero(np.r_[True, dst_a[1:] != dst_a[:-1]]) if dst_a.size else dst_a
     cuts = np.searchsorted(change, bounds)
+    # A worker's first op also waits for the worker's ready time: those few targets per level.
+    is_first = first[dst_a[change]] >= 0 if dst_a.size else np.zeros(0, bool)
     for lv in range(1, int(level.max()) + 1 if total else 0):
         a, b = bounds[lv], bounds[lv + 1]
         at = change[cuts[lv]:cuts[lv + 1]]
-        graph.levels.append((dst_a[at], src_a[a:b], delay_a[a:b], at - a))
+        targets = dst_a[at]
+        firsts = np.flatnonzero(is_first[cuts[lv]:cuts[lv + 1]])
+        graph.levels.append((targets, src_a[a:b], delay_a[a:b], at - a, firsts, first[targets[firsts]]))
     return graph
 
 
@@ -285,18 +289,14 @@ def _run_iteration(g: _Graph, ready: np.ndarray, duration: np.ndarray) -> np.nda
     """Earliest start of every node given each worker's ready time; returns end times."""
     if g.by_edge is not None:
         return _run_iteration_by_edge(g.by_edge, ready.tolist(), duration.tolist())
-    start = np.zeros(duration.size)
-    firsts = g.first_of_worker
     end = np.zeros(duration.size)
     targets0 = g.sources
-    fw = firsts[targets0]
-    start[targets0] = np.where(fw >= 0, ready[np.maximum(fw, 0)], 0.0)
-    end[targets0] = start[targets0] + duration[targets0]
-    for targets, srcs, delays, offsets in g.levels:
+    fw = g.first_of_worker[targets0]
+    end[targets0] = np.where(fw >= 0, ready[np.maximum(fw, 0)], 0.0) + duration[targets0]
+    for targets, srcs, delays, offsets, firsts, slots in g.levels:
         best = np.maximum.reduceat(end[srcs] + delays, offsets)
-        fw = firsts[targets]
-        best = np.maximum(best, np.where(fw >= 0, ready[np.maximum(fw, 0)], 0.0))
-        start[targets] = best
+        if firsts.size:
+            best[firsts] = np.maximum(best[firsts], ready[slots])
         end[targets] = best + duration[targets]
     return end
 
