@@ -252,6 +252,10 @@ def best_heuristic(
     for tried, policy in enumerate(heuristic_policies(job)):
         if tried >= 4 and time.perf_counter() - started > budget_s:
             break
+        if policy.routing_rotation and routing(policy.routing_rotation).moved == routing(0).moved:
+            # The same routing as rotation 0 (always so fault-free: nothing is re-routed), so the
+            # same schedule as the rotation-0 policy tried just before, which wins any tie.
+            continue
         if tried == 0 and first_list is not None:
             ops, report = first_list
             done = consider(ops, policy.name, report)

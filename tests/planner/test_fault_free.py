@@ -233,3 +233,35 @@ def test_the_grid_replays_each_distinct_schedule_once(monkeypatch):
     ops, period, policy = best_heuristic(job, (), 0.0)
     assert len(calls) > 10 and len(set(calls)) == len(calls)
     assert period == pytest.approx(replay(job, ops).iteration_ms)
+
+
+def test_a_rotation_that_routes_like_rotation_0_is_not_scheduled_again(monkeypatch):
+    """Fault-free nothing is re-routed, so every routing rotation routes alike and the grid's
+    rotation-1 policies would make the rotation-0 schedules again (checked here directly); the
+    search skips them and finds the same winner. Under a failure the rotations differ and both are
+    scheduled."""
+    from dataclasses import replace
+
+    from planner.candidates import best_heuristic, heuristic_policies
+    from planner.heuristic import list_schedule
+    from planner.routing import balanced_routing
+
+    job = JobSpec.parse({**CLOCK_MATTERS, "pipelines": 3})
+    for policy in heuristic_policies(job):
+        if policy.routing_rotation == 1:
+            twin = replace(policy, routing_rotation=0)
+            assert list_schedule(job, balanced_routing(job, (), 1), policy) == \
+                list_schedule(job, balanced_routing(job, (), 0), twin)
+    rotations: list[int] = []
+    real = planner.candidates.list_schedule
+
+    def counted(job_, routing, policy):
+        rotations.append(policy.routing_rotation)
+        return real(job_, routing, policy)
+
+    monkeypatch.setattr(planner.candidates, "list_schedule", counted)
+    best_heuristic(job, (), 0.0)
+    assert rotations and 1 not in rotations
+    rotations.clear()
+    best_heuristic(job, ((0, 1),), 0.0)
+    assert rotations.count(1) >= sum(p.routing_rotation == 1 for p in heuristic_policies(job)) > 0
