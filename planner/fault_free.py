@@ -7,23 +7,27 @@ fault-free job are identical, and the stage all-reduces of identical pipelines s
 copies of one pipeline's plan have that pipeline's period) by:
 1. the constructive search (`best_heuristic`) over its whole policy grid with no wall-time budget
    (no randomness, no clock);
-2. when that misses the analytic bound and the pipeline has at most `cpsat.FULL_MAX_OPS` ops,
-   CP-SAT warm-started from it with a fixed *deterministic* budget: one search worker, seed 0,
-   `max_deterministic_time = CP_DETERMINISTIC_S`. Same answer on any machine and load, within a
-   wall cap of `CP_WALL_CAP_S`: CP-SAT's wall per deterministic unit varies ~10x with the model
-   (2 units took 9 s on the made-up 1 x 4 x 20, 52 s on a 1 x 2 x 13 whose memory holds one
-   micro-batch), and a first plan must stay well inside the service's solve deadline. When the cap
-   is hit CP-SAT's answer is discarded, so the plan is the deterministic one of step 1 and the
-   swaps, cached like any other (with a shared disk cache every process then gets that plan, even
-   one on a machine fast enough to finish the step).
+2. opt-in (`RECYCLE_FAULT_FREE_CP_S` > 0; off by default): when that misses the analytic bound and
+   the pipeline has at most `cpsat.FULL_MAX_OPS` ops, CP-SAT warm-started from it with a fixed
+   *deterministic* budget: one search worker, seed 0, `max_deterministic_time =
+   CP_DETERMINISTIC_S`, within a wall cap of `CP_WALL_CAP_S`; when the cap is hit CP-SAT's answer
+   is discarded, so the plan is the deterministic one of step 1 and the swaps, cached like any
+   other. It is off by default because no budget makes it both bounded and machine-independent:
+   CP-SAT's wall per deterministic unit varies more than tenfold with the model (2 units took
+   7.4-9.8 s on the made-up 1 x 4 x 20, 52 s on a 1 x 2 x 13 whose memory holds one micro-batch;
+   0.5 units still passed 10 s on four of the eight jobs of benchmarks/jobs/fault-free-slow-cp.jsonl
+   and took 8 s on a 1 x 7 x 8), so any cap makes some jobs' plans depend on the machine and its
+   load (the 1 x 4 x 20 came out 509.72 or 509.78 ms run to run). What it bought on the 56 made-up
+   jobs of seeds 0-5 after the swaps: 6 plans shorter by 0.01-0.25%; the scenario plans and the
+   Zero Bubble comparison are the same without it.
    Between steps 1 and 2, when the heuristic misses the bound: adjacent swaps of each worker's F/B
    order (`planner.order_search`), seed 0, at most `SWAPS` of them and `SWAP_OP_BUDGET` swaps x
    ops (a count, not a clock, so no cap is needed). On the made-up 1 x 5 x 10 of
    docs/notes/planner-issue8.md (R) they reach CP-SAT's proven optimum 255.6 ms from the list
    schedule's 262.4 in ~1.4 s, where more deterministic time for CP-SAT alone did not reliably.
-`CP_DETERMINISTIC_S` comes from `RECYCLE_FAULT_FREE_CP_S` (default 2.0; 0 disables step 2),
-`SWAPS` from `RECYCLE_FAULT_FREE_SWAPS` (default 600; 0 disables the swaps); both are part of
-`method`, which every plan records.
+`CP_DETERMINISTIC_S` comes from `RECYCLE_FAULT_FREE_CP_S` (default 0: no step 2; 2.0 was the
+default before v8), `SWAPS` from `RECYCLE_FAULT_FREE_SWAPS` (default 600; 0 disables the swaps);
+both are part of `method`, which every plan records.
 
 Cache: in-process by the job's canonical hash (the spec with defaults filled, pipelines set to 1,
 keys sorted); optionally on disk as `<dir>/<hash>.json` when `RECYCLE_FAULT_FREE_CACHE` names a
@@ -45,15 +49,29 @@ from planner.spec import JobSpec
 from planner.timeline import Op
 
 CACHE_ENV = "RECYCLE_FAULT_FREE_CACHE"
+
+
+def _env_number(name: str, default: str, kind: type) -> float | int:
+    """A non-negative number from the environment, or an error that names the variable."""
+    text = os.environ.get(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise ValueError(f"{name} must be a {kind.__name__} >= 0, got {text!r}")
+    return value
+
+
 CP_ENV = "RECYCLE_FAULT_FREE_CP_S"
-CP_DETERMINISTIC_S = float(os.environ.get(CP_ENV, "2.0"))
+CP_DETERMINISTIC_S = _env_number(CP_ENV, "0", float)
 CP_WALL_CAP_S = 10.0
 """Wall seconds the deterministic CP-SAT step may take (module docstring, 2.). The service's solve
 deadline is 2 x the solve limit + 30 s (50 s by default) and a first plan also makes the fault-free
 plan: the grid (up to ~6 s on the made-up jobs), the swaps (~2.3 s at most) and this step."""
 CP_SEED = 0
 SWAPS_ENV = "RECYCLE_FAULT_FREE_SWAPS"
-SWAPS = int(os.environ.get(SWAPS_ENV, "600"))
+SWAPS = _env_number(SWAPS_ENV, "600", int)
 SWAP_OP_BUDGET = 150_000
 """Swaps x ops of the pipeline at most (a swap's sweep and replay cost ~15 us per op): 600 swaps
 up to 250 ops, 260 on 1 x 8 x 24, 52 at `cpsat.FULL_MAX_OPS`; ~2.3 s at most on this machine."""
@@ -66,12 +84,13 @@ def method() -> str:
     v4: Zero Bubble's greedy and deep-warm-up sweeps join the fault-free candidates; v5: the greedy's
     per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`; v6: stage 0's first forwards
     spaced where memory paces it, `Policy.first_stage_spacing`, and the order swaps; v7: CP-SAT's
-    answer discarded when its wall cap is hit, and the cap 10 s instead of 60)."""
+    answer discarded when its wall cap is hit, and the cap 10 s instead of 60; v8: no CP-SAT step
+    unless asked for, and the grid skips rotations that route like rotation 0)."""
     cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g},"
           f"wall_cap={CP_WALL_CAP_S:g}s)"
           if CP_DETERMINISTIC_S > 0 else "no-cp")
     swaps = f"+order-swaps({SWAPS},ops-budget={SWAP_OP_BUDGET},seed=0)" if SWAPS > 0 else ""
-    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v7"
+    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v8"
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,33 @@ def test_separate_processes_report_the_same_fault_free_period(tmp_path):
     assert json.loads(cached.read_text())["iteration_ms"] == first[0]
 
 
+def _import_fault_free(**env_vars: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in (ff.CP_ENV, ff.SWAPS_ENV)}
+    code = "import planner.fault_free as ff; print(ff.CP_DETERMINISTIC_S, ff.SWAPS, ff.method())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, **env_vars}, timeout=60)
+
+
+def test_the_fault_free_plan_has_no_cp_sat_step_unless_asked_for():
+    """By default the plan is the grid and the swaps only: a count of work, the same on any machine
+    (a CP-SAT step needs a wall cap, and a capped step makes plans depend on the load)."""
+    default = _import_fault_free()
+    assert default.returncode == 0, default.stderr
+    cp, swaps, method = default.stdout.split()
+    assert float(cp) == 0.0 and int(swaps) == 600 and "no-cp" in method
+    asked = _import_fault_free(**{ff.CP_ENV: "2"})
+    assert asked.returncode == 0 and "max_deterministic_time=2" in asked.stdout
+
+
+@pytest.mark.parametrize("name, value", [(ff.CP_ENV, "two"), (ff.CP_ENV, "-1"), (ff.CP_ENV, "nan"),
+                                         (ff.SWAPS_ENV, "1.5"), (ff.SWAPS_ENV, "-3")])
+def test_a_bad_fault_free_setting_is_named_in_the_error(name, value):
+    done = _import_fault_free(**{name: value})
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    kind = "float" if name == ff.CP_ENV else "int"
+    assert last == f"ValueError: {name} must be a {kind} >= 0, got {value!r}"
+
 
 @pytest.mark.parametrize("text", [
     "[1, 2]",  # JSON, but not an object
