@@ -219,16 +219,16 @@ def best_heuristic(
                 return best
         dropped = dropped_job(job, failed) if not big else None
         # The dropped plan's period is at least the dropped job's own bound, so when the best so far
-        # is already there it cannot win; skipping it spares the dropped job's fault-free plan (its
-        # deterministic CP-SAT step took 8-12 s of wall at load 5 on a 4 x 5 x 15 dropped job, and
-        # inside a 10 s solve it left CP-SAT no time at all).
+        # is already there it cannot win; skipping it spares the dropped job's fault-free plan (with
+        # the opt-in CP-SAT step, 8-12 s of wall at load 5 on a 4 x 5 x 15 dropped job, which inside
+        # a 10 s solve left CP-SAT no time at all).
         if dropped is not None and best is not None and best[1] <= lower_bound(dropped, ()).value_ms + 1e-6:
             dropped = None
         if dropped is not None:
             from planner.fault_free import fault_free_plan, replicate
 
-            # Within a budget the dropped job's CP-SAT step gets what is left of it (at least 1 s):
-            # its deterministic time alone ran for minutes of wall on a loaded box.
+            # Within a budget the dropped job's CP-SAT step (when asked for) gets what is left of it
+            # (at least 1 s): its deterministic time alone ran for minutes of wall on a loaded box.
             left = budget_s - (time.perf_counter() - started)
             cap = None if budget_s == float("inf") else max(1.0, left)
             dropped_ops = replicate(dropped, fault_free_plan(dropped, wall_cap_s=cap).ops)

@@ -1,8 +1,9 @@
 """Shared fixtures for the planner tests: small jobs and heuristic plans of them.
 
 Plans come from the real planner with `use_cp=False` (fast and deterministic); CP-SAT has its own
-tests in test_cpsat.py. The fault-free plan's deterministic CP-SAT step (planner/fault_free.py) is
-off here for speed (hundreds of random jobs); test_fault_free.py turns it on where it is the subject.
+tests in test_cpsat.py. The fault-free plan's opt-in CP-SAT step (planner/fault_free.py, off by
+default since v8) is held off here explicitly, whatever the environment says; test_fault_free.py
+turns it on where it is the subject.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ CLOCK_MATTERS = {"pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": [
 
 @pytest.fixture
 def with_cp(monkeypatch):
-    """The production fault-free method (deterministic CP-SAT step on), fresh in-process cache."""
+    """The fault-free method with its opt-in CP-SAT step on (`RECYCLE_FAULT_FREE_CP_S=2`), fresh
+    in-process cache."""
     monkeypatch.setattr(ff, "CP_DETERMINISTIC_S", 2.0)
     ff.clear_memory_cache()
     yield
