@@ -6,7 +6,10 @@ of iteration i; the period is the distance between the ends of consecutive itera
 settles. The six-rule check is `planner.validate`; per-worker memory is `validate.peak_memory`.
 
 The replay is a max-plus recurrence over a DAG, so it is evaluated level by level with numpy: a
-32 x 16 x 64 plan (~100k ops) replays an iteration in tens of milliseconds.
+32 x 16 x 64 plan (~100k ops) replays an iteration in tens of milliseconds. Narrow graphs (one
+pipeline: hundreds to thousands of levels a few nodes wide) are walked node by node and edge by edge
+in plain Python instead, with the same additions and maxima in the same order, so the same floats
+(`NUMPY_LEVELS_MIN_CHAINS`, `NUMPY_ITERATION_MIN_EDGES_PER_LEVEL`).
 """
 
 from __future__ import annotations
