@@ -66,9 +66,9 @@ def _env_number(name: str, default: str, kind: type) -> float | int:
 CP_ENV = "RECYCLE_FAULT_FREE_CP_S"
 CP_DETERMINISTIC_S = _env_number(CP_ENV, "0", float)
 CP_WALL_CAP_S = 10.0
-"""Wall seconds the deterministic CP-SAT step may take (module docstring, 2.). The service's solve
-deadline is 2 x the solve limit + 30 s (50 s by default) and a first plan also makes the fault-free
-plan: the grid (up to ~6 s on the made-up jobs), the swaps (~2.3 s at most) and this step."""
+"""Wall seconds the opt-in CP-SAT step may take (module docstring, 2.): a first plan also makes the
+job's fault-free plan (the grid, up to ~6 s on the made-up jobs, the swaps, ~2.3 s at most, and
+this step), and a CLI user waits for all of it."""
 CP_SEED = 0
 SWAPS_ENV = "RECYCLE_FAULT_FREE_SWAPS"
 SWAPS = _env_number(SWAPS_ENV, "600", int)

@@ -227,12 +227,9 @@ def _levels(total: int, src: np.ndarray, dst: np.ndarray,
     so the round number is the level. `chains`: how many chains of consecutive levels (workers)
     the graph holds, the frontier's width, which picks numpy rounds or a plain loop.
     """
+    starts, succ, indeg = _successors(total, src, dst)
     if chains < NUMPY_LEVELS_MIN_CHAINS:
-        return _levels_by_node(total, src, dst)
-    indeg = np.bincount(dst, minlength=total)
-    order = np.argsort(src, kind="stable")
-    starts = np.searchsorted(src[order], np.arange(total + 1))
-    succ = dst[order]
+        return _levels_by_node(starts.tolist(), succ.tolist(), indeg.tolist())
     level = np.zeros(total, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     seen = 0
@@ -267,12 +264,18 @@ def _levels(total: int, src: np.ndarray, dst: np.ndarray,
 _DEADLOCK = "op orders deadlock: a worker waits on an op ordered after its own"
 
 
-def _levels_by_node(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """`_levels` one node at a time (Kahn's queue, each node's depth raised by its predecessors')."""
+def _successors(total: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each node's successors as `succ[starts[v]:starts[v + 1]]` (edges in input order), and each
+    node's in-degree."""
     order = np.argsort(src, kind="stable")
-    first_edge = np.searchsorted(src[order], np.arange(total + 1)).tolist()
-    successors = dst[order].tolist()
-    indeg = np.bincount(dst, minlength=total).tolist()
+    return (np.searchsorted(src[order], np.arange(total + 1)), dst[order],
+            np.bincount(dst, minlength=total))
+
+
+def _levels_by_node(first_edge: list[int], successors: list[int], indeg: list[int]) -> np.ndarray:
+    """`_levels` one node at a time (Kahn's queue, each node's depth raised by its predecessors'),
+    on `_successors`' arrays as lists (`indeg` is used up)."""
+    total = len(indeg)
     level = [0] * total
     queue = [v for v in range(total) if not indeg[v]]
     for v in queue:  # the queue grows as nodes are freed: Kahn's order
