@@ -1,7 +1,7 @@
 """Which made-up cases (`benchmarks/gap_unseen.py`'s jobs and failure sets) a bound raises.
 
 Usage:
-    python benchmarks/bounds_raised.py [--bound late|wave] [--seeds 0 1 2 3 4 5] [--jobs 10]
+    python benchmarks/bounds_raised.py [--bound late|wave|priced] [--seeds 0 1 2 3 4 5] [--jobs 10]
 
 For each seed, replays gap_unseen's draw (`--jobs` jobs, three failure sets each; seed 0 was run
 with 6 jobs in docs/benchmarks.md) and compares `lower_bound` with the bound withheld against the
@@ -22,10 +22,14 @@ from falsify_common import withheld  # noqa: E402
 from gap_unseen import failure_sets, loses_a_whole_stage, made_up_job  # noqa: E402
 
 import planner.bounds_late as bounds_late  # noqa: E402
+import planner.bounds_sharing as bounds_sharing  # noqa: E402
 import planner.bounds_wave as bounds_wave  # noqa: E402
 from planner.bounds import lower_bound  # noqa: E402
 
-BOUNDS = {"late": (bounds_late, "late_round_trip_bound"), "wave": (bounds_wave, "first_wave_bound")}
+BOUNDS = {"late": (bounds_late, "late_round_trip_bound", None),
+          "wave": (bounds_wave, "first_wave_bound", None),
+          # bound 4's priced trips: withheld, a stage keeps bound 4's own value (the last argument)
+          "priced": (bounds_sharing, "priced_trips", lambda *args: args[-1])}
 
 
 def main() -> int:
@@ -34,7 +38,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
     parser.add_argument("--jobs", type=int, default=10)
     args = parser.parse_args()
-    module, name = BOUNDS[args.bound]
+    module, name, nothing = BOUNDS[args.bound]
     cases = raised = 0
     for seed in args.seeds:
         rng = random.Random(seed)
@@ -45,7 +49,7 @@ def main() -> int:
                     continue  # gap_unseen skips these too
                 cases += 1
                 with_it = lower_bound(job, failed)
-                with withheld(module, name):
+                with withheld(module, name, nothing):
                     without = lower_bound(job, failed).value_ms
                 if with_it.value_ms > without + 1e-9:
                     raised += 1

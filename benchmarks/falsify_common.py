@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -45,10 +45,11 @@ def cp_sat_from(job: JobSpec, heuristic: PlanResult, seconds: float) -> tuple[fl
 
 
 @contextmanager
-def withheld(module: ModuleType, name: str) -> Iterator[None]:
-    """`module.name` (a bound function that `lower_bound` imports when called) claims nothing."""
+def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> Iterator[None]:
+    """`module.name` (a bound function that `lower_bound` imports when called) claims nothing: it
+    returns `nothing`'s value instead (default: a zero Bound)."""
     kept = getattr(module, name)
-    setattr(module, name, lambda *_: Bound(0.0, ""))
+    setattr(module, name, nothing or (lambda *_: Bound(0.0, "")))
     try:
         yield
     finally:

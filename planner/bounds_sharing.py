@@ -16,55 +16,74 @@ first hop at least its kind's; k = how many it can hold between F start and B en
 - round trips, at most k at once: n (F + chain + B) / min(k, n) + W + tail (bound 3's stretch);
 - memory-time: n (a (F + chain + B) + aw W) / L + tail;
 - one at a time: when k = 1 and a + aw > L, no micro-batch's F can start while another's W is still
-  pending, so the windows [F start, W end] are disjoint: n (F + chain + B + W) + tail.
+  pending, so the windows [F start, W end] are disjoint: n (F + chain + B + W) + tail;
+- windows: every micro-batch holds at least aw MB over [F start, W end] (a until B end, then aw),
+  so at most floor(L / aw) such windows are open at once: n (F + chain + B + W) / min(that, n) + tail.
 Each is non-decreasing in n, so with g_i(n) the largest for worker i, the period P must let the
 workers' counts N_i(P) = max{n : g_i(n) <= P} cover the stage: sum_i N_i(P) >= D x M. The least such
 P is the (D x M)-th smallest value among all g_i(n), found by binary search (workers of one kind
 share g, so only the two kinds are searched).
+
+Priced trips. A worker (p, s) whose pipeline is alive below it still cannot send every micro-batch
+down its own pipeline: (p, s + 1) serves at most c(P) = max{n : g_next(n) <= P} micro-batches in a
+period P (g_next: the terms above for a stage-(s + 1) worker on its own pipeline's chain), and each
+round trip of (p, s) served elsewhere crosses pipelines at the s / s + 1 hop both ways, `extra` =
+2 (min(cross_s, cross_{s+1}) - hop_s) longer. With `own` of its n round trips at the own chain and
+n - own at chain + extra, the round-trip, memory-time, one-at-a-time and window terms each grow by
+what the longer windows add: g(n, own). The least P is min over c of max(g_next(c), Q(c)), Q(c) the
+least covering period when every such worker's own trips are capped at c: g_next grows with c and
+Q shrinks, so a binary search on c finds it (docs/notes/bounds.md section 4, "Priced trips").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.bounds import MEMORY_TOLERANCE_MB, Bound, forced_idle, holds, stage_hops
+from planner.bounds import MEMORY_TOLERANCE_MB, Bound, forced_idle, holds, pending_w_cap, stage_hops
 from planner.spec import JobSpec, StageCosts, Worker
 
 Kinds = list[tuple[int, Callable[[int], float]]]
 """(how many workers, g of one of them) per kind of worker at a stage, the cut kind first."""
 
 
-def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int) -> Callable[[int], float]:
-    """g(n): the least period that lets one stage-s worker with round-trip `chain` serve n."""
+def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
+                     extra: float = 0.0) -> Callable[..., float]:
+    """g(n): the least period that lets one stage-s worker with round-trip `chain` serve n.
+    g(n, own): the same when at most `own` of its round trips take `chain` and every other one
+    takes `extra` longer (the priced trips of the module docstring)."""
     f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
     a, aw = costs.activation[s], costs.activation_w[s]
     tail = costs.allreduce[s] + costs.optimizer[s]
     limit = costs.memory_limit_mb + MEMORY_TOLERANCE_MB
     k = max(1, holds(costs, s, total))
     one_at_a_time = k == 1 and a + aw > limit
+    windows = max(1, pending_w_cap(costs, s, 0, total))  # [F start, W end] windows open at once
     # Bound 1's idle with this kind's chain grows the work term by at least min(F, B + W) per
     # micro-batch (the fill shrinks by at most F, the drain by at most B + W), so g stays increasing
     # by far more than a rounding error; with durations that small it is left out.
     with_idle = min(f, b + w) > 1e-9
 
-    known: dict[int, float] = {}  # the searches ask for the same n many times
+    known: dict[tuple[int, int], float] = {}  # the searches ask for the same n many times
 
-    def g(n: int) -> float:
-        if n not in known:
-            known[n] = _g(n)
-        return known[n]
+    def g(n: int, own: int | None = None) -> float:
+        crossed = 0 if own is None else max(0, n - own)
+        if (n, crossed) not in known:
+            known[(n, crossed)] = _g(n, crossed)
+        return known[(n, crossed)]
 
-    def _g(n: int) -> float:
+    def _g(n: int, crossed: int) -> float:
         if n <= 0:
             return tail
         # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
         # n + 1 (n x r / n can be one ulp below r, and `most_served` relies on g being non-decreasing).
         work = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
-        value = max(work, (f + chain + b) * (n / min(k, n)) + w)
+        longer = crossed * extra  # what the crossing round trips add to the windows' sum
+        value = max(work, (f + chain + b) * (n / min(k, n)) + longer / min(k, n) + w)
         if limit > 0:
-            value = max(value, n * (a * (f + chain + b) + aw * w) / limit)
+            value = max(value, (n * (a * (f + chain + b) + aw * w) + a * longer) / limit)
         if one_at_a_time:
-            value = max(value, n * (f + chain + b + w))
+            value = max(value, n * (f + chain + b + w) + longer)
+        value = max(value, (f + chain + b + w) * (n / min(windows, n)) + longer / min(windows, n))
         return value + tail
 
     return g
@@ -175,6 +194,48 @@ def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
     return sorted(shares)
 
 
+def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds, base: float) -> float:
+    """Bound 4 at stage s with the round trips of each worker whose pipeline is alive below it priced
+    by where they are served (module docstring, "Priced trips"); `base` (bound 4's value for the
+    stage, `least_period(kinds)`) when that is no lower or the stage has no such worker."""
+    costs, S, total = job.costs, job.stages, job.pipelines * job.microbatches
+    if s == S - 1:
+        return base
+    extra = crossing_cost(costs, hop, s, s + 1)
+    alive = [p for p in range(job.pipelines) if (p, s) not in dead]
+    uncrossed = sum(all((p, t) not in dead for t in range(s + 1, S)) for p in alive)
+    # `_kinds_by_crossing` puts the extra-0 kind last; it is the uncrossed workers alone unless some
+    # crossed worker's crossing is free too, and then the pricing is left out.
+    if extra <= 0 or not uncrossed or kinds[-1][0] != uncrossed:
+        return base
+    others = kinds[:-1]
+    f, b = costs.forward, costs.backward_input
+    own_chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
+    g_own = per_worker_bound(costs, s, own_chain, total, extra)
+    next_chain = sum(f[t] + b[t] for t in range(s + 2, S)) + 2 * sum(hop[s + 1:])
+    g_next = per_worker_bound(costs, s + 1, next_chain, total)
+
+    def least_with(capacity: int) -> float:
+        """Q(c): the least covering period with every uncrossed worker's own trips capped at c."""
+        return least_period([*others, (uncrossed, lambda n: g_own(n, capacity))], total)
+
+    if least_with(most_served(g_next, base, total)) <= base:
+        return base  # at `base` the next stage serves what the own trips need: nothing to add
+    # min over c of max(g_next(c), Q(c)): g_next non-decreasing, Q non-increasing in c, so the
+    # optimum sits where g_next(c) first reaches Q(c), or just before.
+    lo, hi = 0, total
+    if g_next(hi) < least_with(hi):
+        return max(base, least_with(hi))
+    while lo < hi:  # the least c with g_next(c) >= Q(c)
+        mid = (lo + hi) // 2
+        if g_next(mid) >= least_with(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    best = g_next(lo) if lo == 0 else min(g_next(lo), least_with(lo - 1))
+    return max(base, best)
+
+
 def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
     """Bound 4 over every stage (module docstring). With no cut worker it prices the even split,
     which adds to bound 3 only the one-at-a-time term."""
@@ -185,10 +246,16 @@ def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bo
     for s in range(job.stages):
         cut, kinds = _kinds_by_crossing(job, dead, s, hop)
         value = least_period(kinds, total)
+        priced = priced_trips(job, dead, s, hop, kinds, value)
+        if priced > value and priced > best.value_ms:
+            best = Bound(priced, f"priced round trips at stage {s}: the stage-{s + 1} workers serve "
+                                 f"their own pipeline's micro-batches only so fast, the rest cross "
+                                 f"pipelines")
+            continue
         if value > best.value_ms:
             alive = sum(count for count, _ in kinds)
             best = Bound(value, f"sharing at stage {s}: {cut} of {alive} workers cut from a "
                                 f"stage below, {total} micro-batches" if cut else
-                                f"one at a time at stage {s}: {total} micro-batches on {alive} "
-                                f"workers")
+                                f"round trips held in memory at stage {s}: {total} micro-batches "
+                                f"on {alive} workers")
     return best

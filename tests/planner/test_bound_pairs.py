@@ -79,11 +79,17 @@ def pair_cases(seed: int):
     return job, failed, rng.randrange(2**31)
 
 
-BINDING_SEEDS = [8, 71, 74, 135, 150, 154, 169, 194, 217, 250, 273, 312, 342, 396, 416, 452, 495,
-                 498, 516, 564, 592]
-"""The `pair_cases` seeds below 600 where bound 5 is above bounds 1-4 and 7 (21 of 600; checked by
-test_the_binding_seeds_bind). Seed 262 left the list when bound 4 learnt that a worker whose
-pipeline lost a lower stage crosses pipelines on the way (206.0 -> 222.0 there)."""
+RAISED_SEEDS = [8, 71, 74, 135, 150, 154, 169, 194, 217, 250, 273, 312, 342, 396, 416, 452, 495,
+                498, 516, 564, 592]
+"""The `pair_cases` seeds below 600 where bound 5 was above bounds 1-4 and 7 when it was written (21
+of 600): bound 5 is falsified on all of them. Seed 262 left the list when bound 4 learnt that a
+worker whose pipeline lost a lower stage crosses pipelines on the way (206.0 -> 222.0 there)."""
+
+BINDING_SEEDS = [71, 74, 169, 194, 273, 416]
+"""Those of them where bound 5 is still above every other bound (checked by
+test_the_binding_seeds_bind). The other 15 left when bound 4 priced the round trips by where they
+are served (docs/notes/bounds.md section 4, "Priced trips"): on seed 8 that gives 109.0 against
+bound 5's 109.0 - 1e-9 (the heuristic and CP-SAT 20 s reach 114)."""
 
 
 def test_the_binding_seeds_bind(monkeypatch):
@@ -92,7 +98,7 @@ def test_the_binding_seeds_bind(monkeypatch):
         assert pair_bound(job, failed).value_ms > _without_pairs(job, failed, monkeypatch), seed
 
 
-@pytest.mark.parametrize("seed", BINDING_SEEDS + list(range(20)))
+@pytest.mark.parametrize("seed", RAISED_SEEDS + list(range(20)))
 def test_no_random_valid_plan_or_heuristic_plan_beats_the_pair_bound(seed):
     job, failed, plan_seed = pair_cases(seed)
     bound = pair_bound(job, failed).value_ms
@@ -102,7 +108,7 @@ def test_no_random_valid_plan_or_heuristic_plan_beats_the_pair_bound(seed):
     assert min(periods) >= bound, (min(periods), bound)
 
 
-@pytest.mark.parametrize("seed", [8, 150, 154, 250, 396, 592])
+@pytest.mark.parametrize("seed", BINDING_SEEDS)
 def test_cp_sat_never_beats_the_pair_bound(seed, monkeypatch):
     """CP-SAT from the planner's heuristic plan, with no analytic bound given to it."""
     from planner.cp import cpsat

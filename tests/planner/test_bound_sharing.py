@@ -18,6 +18,7 @@ from planner.bounds_sharing import sharing_bound
 from planner.solve import plan
 from planner.spec import JobSpec
 from planner.validate import validate
+from tests.planner.test_bound_priced_trips import priced_cases
 from tests.planner.test_bound_soundness import random_valid_periods
 
 ONE_AT_A_TIME = dict(forward_ms=1.0, backward_input_ms=1.0, backward_weight_ms=1.0, p2p_ms=0.0,
@@ -106,14 +107,18 @@ def cut_cases(draw):
     return job, sorted((p, s) for p in dead), draw(st.integers(0, 2**31))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+@settings(max_examples=100, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(cut_cases())
+@given(st.one_of(cut_cases(), priced_cases))
 def test_no_random_valid_plan_beats_the_sharing_bound(case):
+    """On jobs with cut workers, and on jobs whose survivors' own next stage cannot keep up (the
+    priced trips, tests/planner/test_bound_priced_trips.py)."""
     job, failed, seed = case
-    bound = sharing_bound(job, failed).value_ms
-    # Mostly at home: a cut worker then serves many micro-batches, the case bound 4 prices.
-    periods = random_valid_periods(job, failed, seed, 30, stay_home=lambda rng: rng.choice([0.5, 0.9, 1.0]))
+    bound = lower_bound(job, failed).value_ms
+    # Mostly at home: a cut worker then serves many micro-batches, the case bound 4 prices, and an
+    # uncut one leans on its own next stage, the case the pricing caps.
+    periods = random_valid_periods(job, failed, seed, 30,
+                                   stay_home=lambda rng: rng.choice([0.5, 0.6, 0.8, 0.9, 1.0]))
     assert periods
     assert min(periods) >= bound, (min(periods), bound)
 
@@ -190,19 +195,23 @@ def test_rounding_never_makes_the_bound_infinite():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.01, 50.0), min_size=3, max_size=3), st.floats(0.0, 50.0),
-       st.integers(1, 40), st.integers(1, 200))
-def test_per_worker_bound_never_decreases(times, chain, holds_n, total):
-    """g(n) is compared exactly against periods, so it must not dip by a rounding error anywhere."""
+       st.integers(1, 40), st.integers(1, 200), st.floats(0.0, 20.0), st.integers(0, 60),
+       st.sampled_from([1.0, 0.7, 0.0]))
+def test_per_worker_bound_never_decreases(times, chain, holds_n, total, extra, own, activation_w):
+    """g(n) is compared exactly against periods, so it must not dip by a rounding error anywhere;
+    nor g(n, own) (priced trips: all but `own` round trips `extra` longer), which must also not
+    fall when fewer trips stay at home."""
     from planner.bounds_sharing import per_worker_bound
 
     f, b, w = times
     job = JobSpec.parse({"pipelines": 1, "stages": 1, "microbatches": 1, "forward_ms": f,
                          "backward_input_ms": b, "backward_weight_ms": w, "p2p_ms": 0.0,
                          "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0,
-                         "memory_limit_mb": float(holds_n)})
-    g = per_worker_bound(job.costs, 0, chain, total)
-    values = [g(n) for n in range(1, total + 1)]
-    assert all(x <= y for x, y in zip(values, values[1:], strict=False))
+                         "activation_w_mb": activation_w, "memory_limit_mb": float(holds_n)})
+    g = per_worker_bound(job.costs, 0, chain, total, extra)
+    for values in ([g(n) for n in range(1, total + 1)], [g(n, own) for n in range(1, total + 1)]):
+        assert all(x <= y for x, y in zip(values, values[1:], strict=False))
+    assert all(g(n, own) <= g(n, max(0, own - 1)) for n in range(1, total + 1))
 
 
 def test_a_worker_whose_pipeline_lost_a_lower_stage_crosses_pipelines_on_the_way():
