@@ -295,7 +295,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
                 best = Bound(value, f"round trip from stage {a} to stage {end_stage}")
     from planner.bounds_sharing import sharing_bound  # it builds on this module's helpers
 
-    sharing = sharing_bound(job, failed)
+    sharing = sharing_bound(job, failed, floor_ms=best.value_ms)
     best = sharing if sharing.value_ms > best.value_ms else best
     from planner.bounds_pairs import pair_bound  # it builds on this module's helpers
 

@@ -38,6 +38,7 @@ Q shrinks, so a binary search on c finds it (docs/notes/bounds.md section 4, "Pr
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from planner.bounds import MEMORY_TOLERANCE_MB, Bound, forced_idle, holds, pending_w_cap, stage_hops
 from planner.spec import JobSpec, StageCosts, Worker
@@ -46,6 +47,7 @@ Kinds = list[tuple[int, Callable[[int], float]]]
 """(how many workers, g of one of them) per kind of worker at a stage, the cut kind first."""
 
 
+@lru_cache(maxsize=1024)  # a job's failure sets, and the priced trips, ask for the same workers' g
 def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
                      extra: float = 0.0) -> Callable[..., float]:
     """g(n): the least period that lets one stage-s worker with round-trip `chain` serve n.
@@ -64,6 +66,7 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
     with_idle = min(f, b + w) > 1e-9
 
     known: dict[tuple[int, int], float] = {}  # the searches ask for the same n many times
+    works = _work_terms(costs, s, chain, total)  # the costly term; the pricing leaves it alone
 
     def g(n: int, own: int | None = None) -> float:
         crossed = 0 if own is None else max(0, n - own)
@@ -76,7 +79,9 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
             return tail
         # n / min(k, n) is exactly 1.0 up to k, so g never dips by a rounding error between n and
         # n + 1 (n x r / n can be one ulp below r, and `most_served` relies on g being non-decreasing).
-        work = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
+        if n not in works:
+            works[n] = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
+        work = works[n]
         longer = crossed * extra  # what the crossing round trips add to the windows' sum
         value = max(work, (f + chain + b) * (n / min(k, n)) + longer / min(k, n) + w)
         if limit > 0:
@@ -87,6 +92,13 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
         return value + tail
 
     return g
+
+
+@lru_cache(maxsize=1024)
+def _work_terms(costs: StageCosts, s: int, chain: float, total: int) -> dict[int, float]:
+    """The work terms per n of `per_worker_bound`'s g, filled as they are asked for: shared by the
+    g's that differ only in `extra`."""
+    return {}
 
 
 def most_served(g: Callable[[int], float], period: float, most: int) -> int:
@@ -194,10 +206,12 @@ def cut_worker_shares(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
     return sorted(shares)
 
 
-def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds, base: float) -> float:
+def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds, base: float,
+                 floor: float = 0.0) -> float:
     """Bound 4 at stage s with the round trips of each worker whose pipeline is alive below it priced
     by where they are served (module docstring, "Priced trips"); `base` (bound 4's value for the
-    stage, `least_period(kinds)`) when that is no lower or the stage has no such worker."""
+    stage, `least_period(kinds)`) when that is no lower, when the stage has no such worker, or when
+    the priced value could not pass `floor` (a bound already proven)."""
     costs, S, total = job.costs, job.stages, job.pipelines * job.microbatches
     if s == S - 1:
         return base
@@ -219,8 +233,10 @@ def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds
         """Q(c): the least covering period with every uncrossed worker's own trips capped at c."""
         return least_period([*others, (uncrossed, lambda n: g_own(n, capacity))], total)
 
-    if least_with(most_served(g_next, base, total)) <= base:
-        return base  # at `base` the next stage serves what the own trips need: nothing to add
+    # At `enough` the next stage serves what the own trips need: the priced value is no higher.
+    enough = max(base, floor)
+    if least_with(most_served(g_next, enough, total)) <= enough:
+        return base
     # min over c of max(g_next(c), Q(c)): g_next non-decreasing, Q non-increasing in c, so the
     # optimum sits where g_next(c) first reaches Q(c), or just before.
     lo, hi = 0, total
@@ -236,17 +252,22 @@ def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds
     return max(base, best)
 
 
-def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
+def sharing_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker], floor_ms: float = 0.0) -> Bound:
     """Bound 4 over every stage (module docstring). With no cut worker it prices the even split,
-    which adds to bound 3 only the one-at-a-time term."""
+    which adds to bound 3 only the one-at-a-time term. The priced trips are only searched above
+    `floor_ms` (a bound already proven) and above every stage's own value: below that they cannot
+    raise the result, and one feasibility test is all they cost."""
     dead = set(map(tuple, failed))
     total = job.pipelines * job.microbatches
     hop = stage_hops(job.costs, job.stages)
     best = Bound(0.0, "")
+    stages = []
     for s in range(job.stages):
         cut, kinds = _kinds_by_crossing(job, dead, s, hop)
-        value = least_period(kinds, total)
-        priced = priced_trips(job, dead, s, hop, kinds, value)
+        stages.append((cut, kinds, least_period(kinds, total)))
+    floor = max([floor_ms] + [value for _, _, value in stages])
+    for s, (cut, kinds, value) in enumerate(stages):
+        priced = priced_trips(job, dead, s, hop, kinds, value, floor)
         if priced > value and priced > best.value_ms:
             best = Bound(priced, f"priced round trips at stage {s}: the stage-{s + 1} workers serve "
                                  f"their own pipeline's micro-batches only so fast, the rest cross "

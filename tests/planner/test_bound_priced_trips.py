@@ -148,3 +148,16 @@ def test_cp_sat_never_beats_a_bound_the_pricing_raised(monkeypatch):
         if checked == 6:
             return
     pytest.fail(f"only {checked} of 200 drawn cases raised by the pricing")
+
+
+def test_a_floor_only_skips_what_it_already_proves():
+    """`lower_bound` passes bounds 1-3 as `floor_ms`, and the pricing is searched only where it could
+    pass it: whatever the floor, max(floor, bound with it) must equal max(floor, bound without it)."""
+    checked = 0
+    for seed in range(40):
+        job, failed, _ = drawn_priced_case(random.Random(seed))
+        exact = sharing_bound(job, failed).value_ms
+        for floor in (exact - 1.0, exact - 1e-6, exact, exact + 3.0):
+            assert max(floor, sharing_bound(job, failed, floor_ms=floor).value_ms) == max(floor, exact)
+        checked += sharing_bound(job, failed).reason.startswith("priced")
+    assert checked >= 5  # and among them, cases the pricing itself decides
