@@ -63,9 +63,9 @@ def test_made_up_2x2x15_with_stage_0_of_pipeline_0_dead():
 
 
 def test_no_pricing_when_the_next_stage_keeps_up():
-    """The first job with stage 1 light (1 ms each op): (1, 1) serves a micro-batch in 3 ms, so in
-    the 28 ms every own trip needs it serves all 8: the pricing adds nothing, and the bound is what
-    the older bounds say."""
+    """The first job with stage 1 light (1 ms each op): the lone (1, 0) needs 25 ms anyway (8 x 3 ms
+    of work and 1 ms waiting for its first gradient), and in 25 ms (1, 1), at 3 ms a micro-batch,
+    serves all 8: the pricing adds nothing, and the bound is what the older bounds say."""
     light = {"pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": 1.0, "backward_input_ms": 1.0,
              "backward_weight_ms": 1.0, "p2p_ms": 0.0, "cross_pipeline_p2p_ms": 3.0, "allreduce_ms": 0.0,
              "optimizer_ms": 0.0, "activation_mb": 2.0, "activation_w_mb": 2.0, "memory_limit_mb": 5.0}
