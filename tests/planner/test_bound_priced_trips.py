@@ -30,7 +30,8 @@ def test_a_lone_worker_whose_own_next_stage_cannot_keep_up():
     A window is F0 + F1 + B1 + B0 + W0 = 1 + 2 + 2 + 1 + 1 = 7 ms when (1, 1) serves it, 7 + 2 x 3 = 13
     when (0, 1) does. With a served by (1, 1): P >= (7 a + 13 (8 - a)) / 2 = 52 - 3 a. But (1, 1)
     spends F + B + W = 6 ms on each: a <= P / 6. a = 5: max(30, 37) = 37; a = 6: max(36, 34) = 36;
-    a = 7: 42. The bound is 36. Every trip priced at 7 gives (8 x 7) / 2 = 28; the older bounds 34."""
+    a = 7: 42. The bound is 36. Every trip priced at 7 gives (8 x 7) / 2 = 28; the bounds before the
+    pricing said 31 (bound 3, memory-time at stage 0), and the pricing without the window term 34."""
     job = JobSpec.parse({
         "pipelines": 2, "stages": 2, "microbatches": 4, "forward_ms": [1.0, 2.0],
         "backward_input_ms": [1.0, 2.0], "backward_weight_ms": [1.0, 2.0], "p2p_ms": 0.0,
