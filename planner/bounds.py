@@ -233,6 +233,13 @@ def stage_hops(costs: StageCosts, stages: int) -> list[float]:
             for s in range(stages - 1)]
 
 
+def chain_below(costs: StageCosts, hop: list[float], s: int) -> float:
+    """The least round trip below stage s on one pipeline: every later stage's F and B, and each
+    hop from s on there and back."""
+    f, b = costs.forward, costs.backward_input
+    return sum(f[t] + b[t] for t in range(s + 1, len(f))) + 2 * sum(hop[s:])
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     value_ms: float
@@ -263,7 +270,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
         n = busiest[s]
         k = capacity[s]
         held = min(k, n)
-        chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
+        chain = chain_below(costs, hop, s)
         idle[s] = forced_idle(costs, s, n, k, chain)
         value = n * (f[s] + b[s] + w[s]) + costs.allreduce[s] + costs.optimizer[s] + idle[s]
         if value > best.value_ms:

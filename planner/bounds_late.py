@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 
-from planner.bounds import Bound, first_op_to_last_b, holds, paced_stage, stage_hops
+from planner.bounds import Bound, chain_below, first_op_to_last_b, holds, paced_stage, stage_hops
 from planner.bounds_sharing import crossing_cost, least_period
 from planner.spec import JobSpec, StageCosts, Worker
 
@@ -107,7 +107,7 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     best = Bound(0.0, "")
     for t in range(1, S):
         serving = [p for p in range(job.pipelines) if (p, t) not in dead]
-        chain = sum(f[v] + b[v] for v in range(t + 1, S)) + 2 * sum(hop[t:])
+        chain = chain_below(costs, hop, t)
         stretch = None
         for a in range(t):
             narrowest = min(alive[a:t])

@@ -40,7 +40,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from planner.bounds import MEMORY_TOLERANCE_MB, Bound, forced_idle, holds, pending_w_cap, stage_hops
+from planner.bounds import (
+    MEMORY_TOLERANCE_MB,
+    Bound,
+    chain_below,
+    forced_idle,
+    holds,
+    pending_w_cap,
+    stage_hops,
+)
 from planner.spec import JobSpec, StageCosts, Worker
 
 Kinds = list[tuple[int, Callable[[int], float]]]
@@ -178,11 +186,10 @@ def _kinds_by_crossing(job: JobSpec, dead: set, s: int, hop: list[float]) -> tup
     `_stage_kinds`."""
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
-    f, b = costs.forward, costs.backward_input
     alive = [p for p in range(job.pipelines) if (p, s) not in dead]
     if s == S - 1:
         return 0, [(len(alive), per_worker_bound(costs, s, 0.0, total))]
-    own = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
+    own = chain_below(costs, hop, s)
     nearest_dead = [next((t for t in range(s + 1, S) if (p, t) in dead), None) for p in alive]
     extra_of = [0.0 if t is None else crossing_cost(costs, hop, s, t) for t in nearest_dead]
     kinds: Kinds = [(extra_of.count(extra), per_worker_bound(costs, s, own + extra, total))
@@ -223,11 +230,8 @@ def priced_trips(job: JobSpec, dead: set, s: int, hop: list[float], kinds: Kinds
     if extra <= 0 or not uncrossed or kinds[-1][0] != uncrossed:
         return base
     others = kinds[:-1]
-    f, b = costs.forward, costs.backward_input
-    own_chain = sum(f[t] + b[t] for t in range(s + 1, S)) + 2 * sum(hop[s:])
-    g_own = per_worker_bound(costs, s, own_chain, total, extra)
-    next_chain = sum(f[t] + b[t] for t in range(s + 2, S)) + 2 * sum(hop[s + 1:])
-    g_next = per_worker_bound(costs, s + 1, next_chain, total)
+    g_own = per_worker_bound(costs, s, chain_below(costs, hop, s), total, extra)
+    g_next = per_worker_bound(costs, s + 1, chain_below(costs, hop, s + 1), total)
 
     def least_with(capacity: int) -> float:
         """Q(c): the least covering period with every uncrossed worker's own trips capped at c."""
