@@ -1,10 +1,13 @@
-"""What the bound falsification scripts share: the best plan found for a drawn job, and a bound
-withheld from `lower_bound` to see what the others claim without it."""
+"""What the bound falsification scripts share: the best plan found for a drawn job, a bound withheld
+from `lower_bound` to see what the others claim without it, and the drawing loop with its command
+line (`falsification_main`)."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +47,12 @@ def cp_sat_from(job: JobSpec, heuristic: PlanResult, seconds: float) -> tuple[fl
     return (float("inf") if cp.ops is None else replay(job, cp.ops).iteration_ms), cp.cp_status
 
 
+def keeps_bound_4(job, dead, s, hop, kinds, base: float, floor: float = 0.0) -> float:
+    """`planner.bounds_sharing.priced_trips` withheld (`withheld`'s stand-in): each stage keeps
+    bound 4's own value, its `base`."""
+    return base
+
+
 @contextmanager
 def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> Iterator[None]:
     """`module.name` (a bound function that `lower_bound` imports when called) claims nothing: it
@@ -54,3 +63,43 @@ def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> 
         yield
     finally:
         setattr(module, name, kept)
+
+
+Draw = Callable[[random.Random], tuple[JobSpec, list]]
+Measure = Callable[[JobSpec, list], "tuple[float, float] | None"]
+
+
+def falsification_main(doc: str, draw: Draw, measure: Measure, seed: int, cases: int) -> int:
+    """The command line of a falsification script. Draws cases with `draw(rng)` until `--cases` of
+    them have `measure(job, failed)` = (the value claimed, the bound without the one falsified), None
+    where that bound does not apply. Each is checked against the best of `RANDOM_PLANS` random valid
+    plans and the heuristic plan, and, where the claimed value is above the rest, against CP-SAT's
+    full model from the heuristic with its floor at 0. Prints those cases and every plan below the
+    claimed value (BELOW); the exit status is 1 if there is one."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--cases", type=int, default=cases)
+    parser.add_argument("--cp-seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    done = raised = below = 0
+    started = time.perf_counter()
+    while done < args.cases:
+        job, failed = draw(rng)
+        measured = measure(job, failed)
+        if measured is None:
+            continue
+        claimed, others = measured
+        done += 1
+        best, heuristic = best_random_or_heuristic(job, failed, rng)
+        if claimed > others + 1e-9:
+            raised += 1
+            cp_best, status = cp_sat_from(job, heuristic, args.cp_seconds)
+            best = min(best, cp_best)
+            print(f"raised {others:.2f} -> {claimed:.2f}, best plan {best:.2f} ({status})", flush=True)
+        if best < claimed - 1e-9:
+            below += 1
+            print(f"BELOW {job.filled()} {failed}: plan {best} < bound {claimed}", flush=True)
+    print(f"{done} cases, raised in {raised}, plans below the bound: {below}; "
+          f"{time.perf_counter() - started:.0f} s")
+    return 1 if below else 0

@@ -7,21 +7,20 @@ Draws small jobs with whole-millisecond times where one stage runs one micro-bat
 (2 MB activations, limit 2-3 MB) and the next stage lost workers, keeps those where the bound
 applies, and compares `lower_bound` with the best of 40 random valid plans, the heuristic plan and,
 where bound 7 raised the bound, CP-SAT's full model from the heuristic with the bound withheld
-(floor 0). Prints every case it raised and a summary; a plan below the bound prints BELOW.
+(floor 0). Prints every case it raised and a summary; a plan below the bound prints BELOW
+(`falsify_common.falsification_main`).
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from falsify_common import best_random_or_heuristic, cp_sat_from, withheld  # noqa: E402
+from falsify_common import falsification_main, withheld  # noqa: E402
 
 import planner.bounds_wave as bounds_wave  # noqa: E402
 from planner.bounds import lower_bound  # noqa: E402
@@ -46,35 +45,14 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
     return job, failed
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=2)
-    parser.add_argument("--cases", type=int, default=150)
-    parser.add_argument("--cp-seconds", type=float, default=2.0)
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
-    done = raised = below = 0
-    started = time.perf_counter()
-    while done < args.cases:
-        job, failed = drawn_case(rng)
-        if bounds_wave.first_wave_bound(job, failed).value_ms <= 0:
-            continue
-        done += 1
-        bound = lower_bound(job, failed).value_ms
-        with withheld(bounds_wave, "first_wave_bound"):
-            without = lower_bound(job, failed).value_ms
-        best, heuristic = best_random_or_heuristic(job, failed, rng)
-        if bound > without + 1e-9:
-            raised += 1
-            best = min(best, cp_sat_from(job, heuristic, args.cp_seconds)[0])
-            print(f"raised {without:.1f} -> {bound:.1f}, best plan {best:.1f}", flush=True)
-        if best < bound - 1e-9:
-            below += 1
-            print(f"BELOW {job.filled()} {failed}: plan {best} < bound {bound}", flush=True)
-    print(f"{done} cases, bound 7 raised {raised}, plans below the bound: {below}; "
-          f"{time.perf_counter() - started:.0f} s")
-    return 1 if below else 0
+def measure(job: JobSpec, failed: list) -> tuple[float, float] | None:
+    """(`lower_bound`, the same with bound 7 withheld), None where bound 7 does not apply."""
+    if bounds_wave.first_wave_bound(job, failed).value_ms <= 0:
+        return None
+    bound = lower_bound(job, failed).value_ms
+    with withheld(bounds_wave, "first_wave_bound"):
+        return bound, lower_bound(job, failed).value_ms
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(falsification_main(__doc__, drawn_case, measure, seed=2, cases=150))

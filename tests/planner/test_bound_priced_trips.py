@@ -102,7 +102,8 @@ def raised_by_pricing(job: JobSpec, failed: list, monkeypatch) -> bool:
 
     full = lower_bound(job, failed).value_ms
     with monkeypatch.context() as patched:
-        patched.setattr(planner.bounds_sharing, "priced_trips", lambda *args: args[-1])
+        patched.setattr(planner.bounds_sharing, "priced_trips",
+                        lambda job, dead, s, hop, kinds, base, floor=0.0: base)
         return full > lower_bound(job, failed).value_ms + 1e-9
 
 
@@ -113,22 +114,27 @@ def test_the_drawn_cases_exercise_the_pricing(monkeypatch):
     assert raised >= 8, raised
 
 
-def test_no_random_valid_plan_beats_a_bound_the_pricing_raised(monkeypatch):
-    """The first 12 drawn cases whose bound the pricing raises, 40 random valid plans each."""
-    checked = 0
+def raised_cases(count: int, monkeypatch) -> list[tuple[int, JobSpec, list, int]]:
+    """(seed, job, failed, plans' seed) of the first `count` drawn cases (of 200) whose bound the
+    pricing raises; fails the test when there are fewer."""
+    found = []
     for seed in range(200):
         job, failed, plans_seed = drawn_priced_case(random.Random(seed))
-        if not raised_by_pricing(job, failed, monkeypatch):
-            continue
+        if raised_by_pricing(job, failed, monkeypatch):
+            found.append((seed, job, failed, plans_seed))
+            if len(found) == count:
+                return found
+    pytest.fail(f"only {len(found)} of 200 drawn cases raised by the pricing")
+
+
+def test_no_random_valid_plan_beats_a_bound_the_pricing_raised(monkeypatch):
+    """The first 12 drawn cases whose bound the pricing raises, 40 random valid plans each."""
+    for seed, job, failed, plans_seed in raised_cases(12, monkeypatch):
         bound = lower_bound(job, failed).value_ms
         periods = random_valid_periods(job, failed, plans_seed, 40,
                                        stay_home=lambda rng: rng.choice([0.5, 0.7, 0.85, 1.0]))
         assert periods
         assert min(periods) >= bound, (seed, min(periods), bound)
-        checked += 1
-        if checked == 12:
-            return
-    pytest.fail(f"only {checked} of 200 drawn cases raised by the pricing")
 
 
 def test_cp_sat_never_beats_a_bound_the_pricing_raised(monkeypatch):
@@ -136,19 +142,11 @@ def test_cp_sat_never_beats_a_bound_the_pricing_raised(monkeypatch):
     given 3 s from the heuristic plan, with its floor at 0 rather than at the bound."""
     from planner.cp import cpsat
 
-    checked = 0
-    for seed in range(200):
-        job, failed, _ = drawn_priced_case(random.Random(seed))
-        if not raised_by_pricing(job, failed, monkeypatch):
-            continue
+    for seed, job, failed, _ in raised_cases(6, monkeypatch):
         start = plan(job, failed, use_cp=False)
         found = cpsat.improve(job, tuple(start.failed), start.ops, start.iteration_ms + 1.0, 0.0, 3.0, seed=3)
         best = start.iteration_ms if found.ops is None else min(start.iteration_ms, found.period_ms)
         assert best >= lower_bound(job, failed).value_ms, (seed, best)
-        checked += 1
-        if checked == 6:
-            return
-    pytest.fail(f"only {checked} of 200 drawn cases raised by the pricing")
 
 
 def test_a_floor_only_skips_what_it_already_proves():
