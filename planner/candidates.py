@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.bounds import lower_bound
+from planner.bounds import lower_bound, routing_bound
 from planner.bounds_sharing import cut_worker_shares
 from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
@@ -181,6 +182,15 @@ def best_heuristic(
     def routing(rot: int) -> Routing:
         return routings.setdefault(rot, balanced_routing(job, failed, rot))
 
+    failure_bounds: list[float] = []
+
+    def failure_bound() -> float:
+        """`lower_bound(job, failed)`, made once and only when a routing is checked (`bound_ms` is it
+        when the caller passed it)."""
+        if not failure_bounds:
+            failure_bounds.append(bound_ms if bound_ms > 0 else lower_bound(job, failed).value_ms)
+        return failure_bounds[0]
+
     if template is not None and failed:
         # Minimal disruption first: the fault-free plan everywhere, re-routed work inserted on peers.
         for rot in (0, 1) if not big else (0,):
@@ -213,7 +223,7 @@ def best_heuristic(
     if dissolved is not None:
         # Dissolving the damaged pipelines into the others is always a candidate, so a plan is
         # never slower than dropping them (with the same scheduler).
-        beaten = _beaten(job, dissolved, best, first_list)
+        beaten = _beaten(job, dissolved, best, failure_bound, first_list)
         for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
             if not beaten and consider(sweep_schedule(job, dissolved, policy), f"dissolve+{policy.name}"):
                 return best
@@ -236,7 +246,7 @@ def best_heuristic(
                 return best
     lanes = lane_routing(job, failed) if failed else None
     if lanes is not None and (dissolved is None or lanes.moved != dissolved.moved) \
-            and not _beaten(job, lanes, best):
+            and not _beaten(job, lanes, best, failure_bound):
         # Re-formed pipelines: the survivors wired into as many chains as the emptiest stage has
         # workers (where failures are spread, dropping leaves few pipelines or none). The routing
         # is the same for every rotation, so only the rotation-0 list policies are tried; above
@@ -311,7 +321,7 @@ def best_heuristic(
         shared = [keep for keep in cut_worker_shares(job, failed) if 0 < keep < M] if not big else []
         for keep in shared:
             mixed = mixed_routing(job, failed, keep)
-            if _beaten(job, mixed, best):
+            if _beaten(job, mixed, best, failure_bound):
                 continue
             for policy in heuristic_policies(job)[:MIX_LIST_POLICIES]:
                 ops = list_schedule(job, mixed, policy)
@@ -319,7 +329,7 @@ def best_heuristic(
                     return best
         for keep in [*shared, *sorted({M // 4, M // 2, (3 * M) // 4} - {0, M, *shared})]:
             mixed = mixed_routing(job, failed, keep)
-            if _beaten(job, mixed, best):
+            if _beaten(job, mixed, best, failure_bound):
                 continue
             for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
                 if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
@@ -399,9 +409,11 @@ def _replay(job: JobSpec, ops: list[Op]) -> ReplayReport | None:
 
 
 def _beaten(job: JobSpec, routing: Routing | None, best: tuple[list[Op], float, str] | None,
+            failure_bound: Callable[[], float],
             first_list: tuple[list[Op], ReplayReport | None] | None = None) -> bool:
     """Whether no schedule with `routing` can win: its proven bound (`lower_bound` with the
-    routing's own busiest loads) is above the best period so far, or above the period of the list
+    routing's own busiest loads, `routing_bound`; `failure_bound` gives the failure set's) is
+    above the best period so far, or above the period of the list
     schedule `first_list` that the search considers after it (which would then replace it:
     `consider` keeps the first of equal periods, so only a strictly higher bound rules out).
     Skipping such a candidate changes no result, as long as its replay would have settled (the
@@ -415,7 +427,7 @@ def _beaten(job: JobSpec, routing: Routing | None, best: tuple[list[Op], float, 
         return False
     D, S = job.pipelines, job.stages
     loads = [max(routing.load[p][s] for p in range(D)) for s in range(S)]
-    return lower_bound(job, routing.failed, busiest=loads).value_ms > min(periods) + BEATEN_MARGIN_MS
+    return routing_bound(job, loads, failure_bound()) > min(periods) + BEATEN_MARGIN_MS
 
 
 BEATEN_MARGIN_MS = 1e-6

@@ -323,6 +323,26 @@ def test_skipping_beaten_candidates_changes_no_result(case):
     assert fast[0] == full[0]
 
 
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(searches())
+def test_routing_bound_is_the_bound_with_the_routings_loads(case):
+    """`routing_bound` (the failure set's bound with only bounds 1-3 redone for a routing's loads)
+    is exactly `lower_bound(busiest=loads)` for every candidate routing the search checks."""
+    from planner.bounds import lower_bound, routing_bound
+    from planner.routing import balanced_routing, dissolving_routing, lane_routing, mixed_routing
+
+    job, failed, _ = case
+    failure_bound = lower_bound(job, failed).value_ms
+    M = job.microbatches
+    routings = [balanced_routing(job, failed, 0), balanced_routing(job, failed, 1),
+                dissolving_routing(job, failed), lane_routing(job, failed),
+                *(mixed_routing(job, failed, keep) for keep in range(1, M))]
+    for routing in filter(None, routings):
+        loads = [max(routing.load[p][s] for p in range(job.pipelines)) for s in range(job.stages)]
+        assert routing_bound(job, loads, failure_bound) == lower_bound(job, failed, busiest=loads).value_ms
+
+
 
 # ------------------------------------------------------------------------------ the timeline text
 
