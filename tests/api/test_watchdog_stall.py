@@ -4,15 +4,18 @@ saturated loop has not read as failed").
 
 The server (the real app, protocol and uvloop, on 127.0.0.1) runs in a thread of this process so
 the test can stall its event loop for real: a connection to a second listener on the same loop
-whose `data_received` blocks for 1.8 s, i.e. a stall in the loop's I/O phase, as a long request
-handler is. With heartbeats every 2.0 s and a timeout of 3.0 s the worker's last beat was read
-1.4 s before the stall and its next beat arrives during it: 3.2 s after the last read beat the
-loop comes back, with a live worker's beat waiting (the figures are scaled up by 1.5 from these
-since CI once failed the 2.0 / 3.0 s version on a loaded box: 3.0 / 4.5 s, beat read 2.0 s before
-a 2.8 s stall, 1.5 s of slack for the beater thread). The stall is shorter than one heartbeat
-interval, so the watchdog does not take it for a stall of the service (`Membership.excuse`), and
-libuv runs due timers before it polls the sockets again: the watchdog judged the silence before
-the waiting beat was read, and declared the worker failed."""
+whose `data_received` blocks, i.e. a stall in the loop's I/O phase, as a long request handler is.
+With heartbeats every 3.0 s and a timeout of 4.5 s, the worker's last beat is read, the loop
+stalls 2.5 s later, the worker's next beat is written to its socket during the stall, and the
+stall lasts until 4.8 s after that last read beat: when the loop comes back, a live worker's beat
+is waiting. The stall (2.3 s) is shorter than one heartbeat interval, so the watchdog does not take
+it for a stall of the service (`Membership.excuse`), and libuv runs due timers before it polls the
+sockets again: the watchdog judged the silence before the waiting beat was read, and declared the
+worker failed.
+
+The order of events is forced, not timed: the stall waits until the beat has been written before
+it ends, so a slow box can only make the stall start later (shorter), never let the beat miss it.
+An earlier version beat from a thread on a 3 s timer and failed once in CI's full suite."""
 
 from __future__ import annotations
 
@@ -33,15 +36,27 @@ from api.settings import Settings
 
 uvloop = pytest.importorskip("uvloop")
 
-INTERVAL, TIMEOUT, BEFORE_STALL, STALL = 3.0, 4.5, 2.0, 2.8
-# BEFORE_STALL + STALL > TIMEOUT (the silence outlasts the timeout by 0.3 s when the loop comes back),
-# STALL < INTERVAL (not excused as a stall of the service), the next beat arrives 1.0 s into the
-# stall, and the beater thread has TIMEOUT - INTERVAL = 1.5 s of slack for a loaded CI box.
+INTERVAL, TIMEOUT, STALL_AFTER, SILENCE = 3.0, 4.5, 2.5, 4.8
+# The loop stalls STALL_AFTER after the last read beat and comes back SILENCE after it: the
+# silence outlasts the timeout by 0.3 s, and the stall (at most SILENCE - STALL_AFTER = 2.3 s) is
+# shorter than INTERVAL, so it is not excused as a stall of the service.
 
 
 class Stall(asyncio.Protocol):
+    """Blocks the loop from the moment its connection's data is read until the beat has been
+    written (`beat_written`) and `until` (a monotonic time) has passed."""
+
+    started = threading.Event()
+    beat_written = threading.Event()
+    until = 0.0
+    lasted = 0.0
+
     def data_received(self, data: bytes) -> None:
-        time.sleep(STALL)  # the loop does nothing else meanwhile: a real stall of the server
+        began = time.monotonic()
+        Stall.started.set()
+        Stall.beat_written.wait(30)
+        time.sleep(max(0.0, Stall.until - time.monotonic()))
+        Stall.lasted = time.monotonic() - began
 
 
 def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
@@ -68,45 +83,56 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
                              params={"wait_s": 60}).json()["generation"] == 1
             beat = f"/v1/jobs/{job}/workers/0/0/heartbeat"
             assert admin.post(beat, json={"pid": 1}).status_code == 200  # registers (no token set)
-            answered, stop, errors = [time.monotonic()], threading.Event(), []
-
-            def beating() -> None:  # a daemon: a bodiless beat every interval on one connection
-                with httpx.Client(base_url=url, timeout=30) as c:
-                    while not stop.is_set():
-                        sent = time.monotonic()
-                        r = c.post(beat)
-                        if r.status_code != 200 or r.json()["excluded"]:
-                            errors.append(r.text)
-                        answered.append(time.monotonic())
-                        stop.wait(max(0.0, INTERVAL - (time.monotonic() - sent)))
-
-            beater = threading.Thread(target=beating, daemon=True)
+            request = (f"POST {beat} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                       "Content-Length: 0\r\n\r\n").encode()
             # No collection of this long-lived test process's heap inside the timed window (it
-            # holds the GIL for the beater and the server alike); the watchdog is what is tested.
+            # holds the GIL for the server's thread too); the watchdog is what is tested.
             collecting = gc.isenabled()
             gc.collect()
             gc.disable()
-            beater.start()
             try:
-                time.sleep(2 * INTERVAL)  # steady beats
-                seen = len(answered)
-                _until(lambda: len(answered) > seen, 10, "a beat answered")
-                time.sleep(BEFORE_STALL)  # the next beat is due 0.6 s into the stall
-                with socket.create_connection(("127.0.0.1", stall_port), timeout=10) as s:
-                    s.sendall(b"stall")
-                    time.sleep(STALL + 2 * INTERVAL)  # the stall, then beats read again
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as worker, \
+                        socket.create_connection(("127.0.0.1", stall_port), timeout=30) as staller:
+                    worker.sendall(request)
+                    assert b" 200 " in _response(worker)  # the last beat read before the stall
+                    read_at = time.monotonic()  # after the server read it: the silence is longer
+                    Stall.until = read_at + SILENCE
+                    time.sleep(STALL_AFTER)
+                    staller.sendall(b"stall")
+                    assert Stall.started.wait(30), "the loop never read the stalling connection"
+                    worker.sendall(request)  # sits unread in the server's socket buffer
+                    Stall.beat_written.set()
+                    answer = _response(worker)  # read once the loop is back
+                    time.sleep(0.5)  # two watchdog ticks after the loop came back
             finally:
-                stop.set()
-                beater.join(10)
                 if collecting:
                     gc.enable()
+            assert Stall.lasted < INTERVAL, f"the stall lasted {Stall.lasted:.2f} s: excused, nothing tested"
+            assert time.monotonic() - read_at > TIMEOUT
+            assert b" 200 " in answer and b'"excluded":false' in answer.replace(b" ", b""), answer
             state = admin.get(f"/v1/jobs/{job}/membership").json()
             assert [0, 0] not in state["failed"] and state["generation"] == 1, state
-            assert errors == [], errors
             asyncio.run_coroutine_threadsafe(_close(stall_server), loop).result(10)
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response (head and a Content-Length body) from a blocking socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-body: {data!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 async def _close(srv) -> None:
