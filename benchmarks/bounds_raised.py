@@ -18,13 +18,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from falsify_common import keeps_bound_4, withheld  # noqa: E402
+from falsify_common import withheld  # noqa: E402
 from gap_unseen import failure_sets, loses_a_whole_stage, made_up_job  # noqa: E402
 
 import planner.bounds_late as bounds_late  # noqa: E402
 import planner.bounds_sharing as bounds_sharing  # noqa: E402
 import planner.bounds_wave as bounds_wave  # noqa: E402
 from planner.bounds import lower_bound  # noqa: E402
+from tests.planner.test_bound_priced_trips import keeps_bound_4  # noqa: E402
 
 BOUNDS = {"late": (bounds_late, "late_round_trip_bound", None),
           "wave": (bounds_wave, "first_wave_bound", None),

@@ -47,12 +47,6 @@ def cp_sat_from(job: JobSpec, heuristic: PlanResult, seconds: float) -> tuple[fl
     return (float("inf") if cp.ops is None else replay(job, cp.ops).iteration_ms), cp.cp_status
 
 
-def keeps_bound_4(job, dead, s, hop, kinds, base: float, floor: float = 0.0) -> float:
-    """`planner.bounds_sharing.priced_trips` withheld (`withheld`'s stand-in): each stage keeps
-    bound 4's own value, its `base`."""
-    return base
-
-
 @contextmanager
 def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> Iterator[None]:
     """`module.name` (a bound function that `lower_bound` imports when called) claims nothing: it

@@ -19,12 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from falsify_common import falsification_main, keeps_bound_4, withheld  # noqa: E402
+from falsify_common import falsification_main, withheld  # noqa: E402
 
 import planner.bounds_sharing as bounds_sharing  # noqa: E402
 from planner.bounds import lower_bound  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
-from tests.planner.test_bound_priced_trips import drawn_priced_case  # noqa: E402
+from tests.planner.test_bound_priced_trips import drawn_priced_case, keeps_bound_4  # noqa: E402
 
 
 def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:

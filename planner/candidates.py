@@ -16,6 +16,7 @@ replay that does not settle is recorded in `SearchInfo`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from array import array
@@ -182,14 +183,11 @@ def best_heuristic(
     def routing(rot: int) -> Routing:
         return routings.setdefault(rot, balanced_routing(job, failed, rot))
 
-    failure_bounds: list[float] = []
-
+    @functools.cache
     def failure_bound() -> float:
         """`lower_bound(job, failed)`, made once and only when a routing is checked (`bound_ms` is it
         when the caller passed it)."""
-        if not failure_bounds:
-            failure_bounds.append(bound_ms if bound_ms > 0 else lower_bound(job, failed).value_ms)
-        return failure_bounds[0]
+        return bound_ms if bound_ms > 0 else lower_bound(job, failed).value_ms
 
     if template is not None and failed:
         # Minimal disruption first: the fault-free plan everywhere, re-routed work inserted on peers.
@@ -425,9 +423,7 @@ def _beaten(job: JobSpec, routing: Routing | None, best: tuple[list[Op], float, 
         periods.append(first_list[1].iteration_ms)
     if not periods:
         return False
-    D, S = job.pipelines, job.stages
-    loads = [max(routing.load[p][s] for p in range(D)) for s in range(S)]
-    return routing_bound(job, loads, failure_bound()) > min(periods) + BEATEN_MARGIN_MS
+    return routing_bound(job, routing.busiest, failure_bound()) > min(periods) + BEATEN_MARGIN_MS
 
 
 BEATEN_MARGIN_MS = 1e-6

@@ -41,6 +41,12 @@ class Routing:
     def moved(self) -> dict[tuple[int, int, int], int]:
         return dict(self._moved)
 
+    @property
+    def busiest(self) -> list[int]:
+        """Per stage, the most micro-batches one alive worker of it runs (the loads the bounds
+        take as `busiest`)."""
+        return [max(self.load[p][s] for p in range(self.job.pipelines)) for s in range(self.job.stages)]
+
 
 
 def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) -> Routing:

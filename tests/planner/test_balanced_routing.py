@@ -28,6 +28,7 @@ def test_extra_micro_batches_go_to_peers_not_cut_from_their_pipeline(rotate):
     assert [routing.load[p][1] for p in range(4)] == [0, 2, 3, 3]
     assert [routing.load[p][2] for p in range(4)] == [2, 0, 3, 3]
     assert [routing.load[p][0] for p in range(4)] == [2, 2, 2, 2]
+    assert routing.busiest == [2, 3, 3]  # per stage, the most one alive worker runs
 
 
 def _cut(dead: set, p: int, s: int) -> int:

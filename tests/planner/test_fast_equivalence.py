@@ -339,7 +339,7 @@ def test_routing_bound_is_the_bound_with_the_routings_loads(case):
                 dissolving_routing(job, failed), lane_routing(job, failed),
                 *(mixed_routing(job, failed, keep) for keep in range(1, M))]
     for routing in filter(None, routings):
-        loads = [max(routing.load[p][s] for p in range(job.pipelines)) for s in range(job.stages)]
+        loads = routing.busiest
         assert routing_bound(job, loads, failure_bound) == lower_bound(job, failed, busiest=loads).value_ms
 
 

@@ -65,7 +65,7 @@ def test_no_input_gradient_runs_while_one_of_the_last_forwards_waits(case, polic
     routing = balanced_routing(job, tuple(failed), policy.routing_rotation)
     ops = list_schedule(job, routing, policy)
     S, k = job.stages, policy.tail_forwards
-    busiest = [max(routing.load[p][s] for p in range(job.pipelines)) for s in range(S)]
+    busiest = routing.busiest
     deepest = max(s for s in range(S) if busiest[s] == max(busiest))
     tailed = {s for s in range(S) if busiest[s] == max(busiest) or (policy.tail_upstream and s <= deepest)}
     sent = {(op.microbatch, op.worker[1]): op for op in ops if op.kind == "F"}
