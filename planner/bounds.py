@@ -63,6 +63,7 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.spec import JobSpec, StageCosts, Worker
 
@@ -178,9 +179,14 @@ def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) ->
     """Least F starts, last B end and last W end of a stage-s worker with n micro-batches, k held at
     once, and `round_trip` (F + chain + B) the least time from a micro-batch's F start to its B end
     (module docstring, 6.). All 0 when skipped (`RECURRENCE_MAX_STEPS`)."""
-    held = min(k, n)
-    if n <= 1 or n * held > RECURRENCE_MAX_STEPS:
+    if n <= 1 or n * min(k, n) > RECURRENCE_MAX_STEPS:
         return Paced(0.0, 0.0, 0.0)
+    return _paced(costs, s, n, k, round_trip)
+
+
+@lru_cache(maxsize=4096)  # a job's candidate routings and its late round trips ask for the same stages
+def _paced(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> Paced:
+    held = min(k, n)
     f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
     release = round_trip - b  # F start -> its B may start
     # Micro-batch i's B is released at start_i + release; after that the worker still runs the B's
