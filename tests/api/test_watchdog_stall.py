@@ -24,6 +24,7 @@ import gc
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -42,21 +43,30 @@ INTERVAL, TIMEOUT, STALL_AFTER, SILENCE = 3.0, 4.5, 2.5, 4.8
 # shorter than INTERVAL, so it is not excused as a stall of the service.
 
 
+@dataclass
+class Gate:
+    """What the test and the stalling connection share (one per test run)."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    beat_written: threading.Event = field(default_factory=threading.Event)
+    until: float = 0.0
+    """Monotonic time before which the stall does not end."""
+    lasted: float = 0.0
+
+
 class Stall(asyncio.Protocol):
     """Blocks the loop from the moment its connection's data is read until the beat has been
-    written (`beat_written`) and `until` (a monotonic time) has passed."""
+    written (`gate.beat_written`) and `gate.until` has passed."""
 
-    started = threading.Event()
-    beat_written = threading.Event()
-    until = 0.0
-    lasted = 0.0
+    def __init__(self, gate: Gate):
+        self.gate = gate
 
     def data_received(self, data: bytes) -> None:
         began = time.monotonic()
-        Stall.started.set()
-        Stall.beat_written.wait(30)
-        time.sleep(max(0.0, Stall.until - time.monotonic()))
-        Stall.lasted = time.monotonic() - began
+        self.gate.started.set()
+        self.gate.beat_written.wait(30)
+        time.sleep(max(0.0, self.gate.until - time.monotonic()))
+        self.gate.lasted = time.monotonic() - began
 
 
 def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
@@ -74,8 +84,9 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _until(lambda: server.started, 60, "the server to start")
+        gate = Gate()
         stall_server = asyncio.run_coroutine_threadsafe(
-            loop.create_server(Stall, "127.0.0.1", 0), loop).result(10)
+            loop.create_server(lambda: Stall(gate), "127.0.0.1", 0), loop).result(10)
         stall_port = stall_server.sockets[0].getsockname()[1]
         with httpx.Client(base_url=url, timeout=30) as admin:
             job = admin.post("/v1/jobs", json=_job()).json()["id"]
@@ -96,18 +107,19 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
                     worker.sendall(request)
                     assert b" 200 " in _response(worker)  # the last beat read before the stall
                     read_at = time.monotonic()  # after the server read it: the silence is longer
-                    Stall.until = read_at + SILENCE
+                    gate.until = read_at + SILENCE
                     time.sleep(STALL_AFTER)
                     staller.sendall(b"stall")
-                    assert Stall.started.wait(30), "the loop never read the stalling connection"
+                    assert gate.started.wait(30), "the loop never read the stalling connection"
                     worker.sendall(request)  # sits unread in the server's socket buffer
-                    Stall.beat_written.set()
+                    gate.beat_written.set()
                     answer = _response(worker)  # read once the loop is back
                     time.sleep(0.5)  # two watchdog ticks after the loop came back
             finally:
+                gate.beat_written.set()  # a failure above must not leave the loop stalled for 30 s
                 if collecting:
                     gc.enable()
-            assert Stall.lasted < INTERVAL, f"the stall lasted {Stall.lasted:.2f} s: excused, nothing tested"
+            assert gate.lasted < INTERVAL, f"the stall lasted {gate.lasted:.2f} s: excused, nothing tested"
             assert time.monotonic() - read_at > TIMEOUT
             assert b" 200 " in answer and b'"excluded":false' in answer.replace(b" ", b""), answer
             state = admin.get(f"/v1/jobs/{job}/membership").json()
