@@ -104,13 +104,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     rule3 = needs(costs, S)  # the one precedence graph (planner/precedence.py)
     hop_same = [rule3[("F", s + 1)].same_ms for s in range(S - 1)]
     limit = costs.memory_limit_mb + 1e-9
+    busiest = routing.busiest
     slack = policy.ahead_slack
     caps = [D * M * 3 if slack is None else S - s + slack for s in range(S)]
     if policy.feed_bottleneck and routing.failed and slack is not None:
         # Stages down to the deepest overloaded one may run ahead by the extra micro-batches the
         # busiest peer took, so those peers never wait for forwards.
         deepest = max(s for _, s in routing.failed)
-        extra = max(routing.busiest) - M
+        extra = max(busiest) - M
         caps = [caps[s] + extra if s <= deepest else caps[s] for s in range(S)]
 
     # Uncongested time from the end of a micro-batch's F at stage s to its gradient arriving back.
@@ -143,7 +144,6 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     for p, s in alive:
         remaining[p * S + s] = 3 * routing.load[p][s]
     forwards_left = [routing.load[p][s] for p in range(D) for s in range(S)]
-    busiest = routing.busiest
     # The last forwards first, on the stages whose busiest worker is the plan's busiest (under
     # dynamic routing a worker's load is not known in advance, so not there).
     tail_on = policy.tail_forwards if not policy.dynamic_routing else 0
