@@ -52,7 +52,7 @@ def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> 
     """`module.name` (a bound function that `lower_bound` imports when called) claims nothing: it
     returns `nothing`'s value instead (default: a zero Bound)."""
     kept = getattr(module, name)
-    setattr(module, name, nothing or (lambda *_: Bound(0.0, "")))
+    setattr(module, name, nothing or (lambda *_, **__: Bound(0.0, "")))
     try:
         yield
     finally:
