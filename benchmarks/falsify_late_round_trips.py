@@ -27,16 +27,18 @@ from planner.bounds import lower_bound  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
 
 
-def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
+def drawn_case(rng: random.Random, heavy_w: tuple[int, int] = (3, 8)) -> tuple[JobSpec, list]:
+    """A job whose upstream stage lost one or two workers above a heavier stage; `heavy_w`: the
+    range of that stage's W (bound 9's script draws it heavier)."""
     D, S, M = rng.randint(2, 5), rng.randint(2, 4), rng.randint(1, 3)
 
     upstream = rng.randrange(S - 1)
     heavy = rng.randrange(upstream + 1, S)  # the stage whose round trips the narrow one delays
 
-    def whole() -> list[float]:
-        return [float(rng.randint(3, 8) if s == heavy else rng.randint(1, 4)) for s in range(S)]
+    def whole(low: int = 3, high: int = 8) -> list[float]:
+        return [float(rng.randint(low, high) if s == heavy else rng.randint(1, 4)) for s in range(S)]
     spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": whole(),
-            "backward_input_ms": whole(), "backward_weight_ms": whole(),
+            "backward_input_ms": whole(), "backward_weight_ms": whole(*heavy_w),
             "p2p_ms": float(rng.randint(0, 2)), "cross_pipeline_p2p_ms": float(rng.randint(0, 3)),
             "allreduce_ms": float(rng.randint(0, 6)), "optimizer_ms": float(rng.randint(0, 2)),
             "activation_mb": 2.0, "activation_w_mb": rng.choice([2.0, 1.0, 0.0]),

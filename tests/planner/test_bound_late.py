@@ -106,17 +106,18 @@ def test_a_stage_without_survivors_claims_nothing_instead_of_dividing_by_zero():
 
 
 @st.composite
-def late_cases(draw):
+def late_cases(draw, heavy_w=(3, 8)):
     """Jobs where bound 8 applies: one to two dead workers at an upstream stage, a heavier stage below
-    it, sometimes one more dead there, memory from one micro-batch at a time to unlimited."""
+    it, sometimes one more dead there, memory from one micro-batch at a time to unlimited.
+    `heavy_w`: the range of the heavy stage's W (bound 9's tests draw it heavier)."""
     D, S, M = draw(st.integers(2, 4)), draw(st.integers(2, 3)), draw(st.integers(1, 3))
     upstream = draw(st.integers(0, S - 2))
     heavy = draw(st.integers(upstream + 1, S - 1))
 
-    def times():
-        return [float(draw(st.integers(3, 8) if s == heavy else st.integers(1, 4))) for s in range(S)]
+    def times(low=3, high=8):
+        return [float(draw(st.integers(low, high) if s == heavy else st.integers(1, 4))) for s in range(S)]
     spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": times(),
-            "backward_input_ms": times(), "backward_weight_ms": times(),
+            "backward_input_ms": times(), "backward_weight_ms": times(*heavy_w),
             "p2p_ms": float(draw(st.integers(0, 2))), "cross_pipeline_p2p_ms": float(draw(st.integers(0, 3))),
             "allreduce_ms": float(draw(st.integers(0, 6))), "optimizer_ms": float(draw(st.integers(0, 2))),
             "activation_mb": 2.0, "activation_w_mb": draw(st.sampled_from([2.0, 1.0])),

@@ -9,13 +9,13 @@ from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
 from planner.bounds_late import late_round_trip_bound
 from planner.bounds_span import _pairings, span_round_trip_bound
 from planner.solve import plan
 from planner.spec import JobSpec
+from tests.planner.test_bound_late import late_cases
 from tests.planner.test_bound_soundness import random_valid_periods
 from tests.planner.test_bound_wave import cp_sat_unfloored
 
@@ -101,28 +101,10 @@ def test_a_stage_without_survivors_claims_nothing():
     assert span_round_trip_bound(job, [(0, 0), (1, 0), (2, 0)]).value_ms == 0.0
 
 
-@st.composite
-def span_cases(draw):
-    """Jobs where bound 9 may bind: one or two dead workers at an upstream stage, a stage below it
-    heavy in F, B and W, sometimes one more dead there; memory from one micro-batch at a time to
-    unlimited."""
-    D, S, M = draw(st.integers(2, 4)), draw(st.integers(2, 3)), draw(st.integers(1, 3))
-    upstream = draw(st.integers(0, S - 2))
-    heavy = draw(st.integers(upstream + 1, S - 1))
-
-    def times(low, high):
-        return [float(draw(st.integers(low, high) if s == heavy else st.integers(1, 3))) for s in range(S)]
-    spec = {"pipelines": D, "stages": S, "microbatches": M, "forward_ms": times(3, 8),
-            "backward_input_ms": times(3, 8), "backward_weight_ms": times(2, 9),
-            "p2p_ms": float(draw(st.integers(0, 1))), "cross_pipeline_p2p_ms": float(draw(st.integers(0, 2))),
-            "allreduce_ms": float(draw(st.integers(0, 4))), "optimizer_ms": float(draw(st.integers(0, 1))),
-            "activation_mb": 2.0, "activation_w_mb": draw(st.sampled_from([2.0, 1.0])),
-            "memory_limit_mb": draw(st.sampled_from([2.0, 4.0, 6.0, 100.0]))}
-    dead = draw(st.sets(st.integers(0, D - 1), min_size=1, max_size=min(2, D - 1)))
-    failed = [(p, upstream) for p in sorted(dead)]
-    if draw(st.booleans()):
-        failed.append((draw(st.integers(0, D - 1)), heavy))
-    return JobSpec.parse(spec), sorted(set(failed)), draw(st.integers(0, 2**31))
+def span_cases():
+    """Bound 8's drawn jobs (a narrow stage above a heavier one) with the heavy stage's W drawn from
+    2-9 ms, so that its span binds."""
+    return late_cases(heavy_w=(2, 9))
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None,
