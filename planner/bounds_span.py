@@ -60,11 +60,12 @@ def _pairings(starts: Counter, ends: Counter) -> list[dict[tuple[float, float], 
     return options
 
 
-def _covers(period: float, x: float, pairings: list[dict[tuple[float, float], int]], total: int,
+def _covers(x: float, pairings: list[dict[tuple[float, float], int]], total: int,
             span_room: float, work: float, round_room: float,
             stretch: Callable[[int], float]) -> bool:
-    """Whether the stage's workers can serve `total` at `period` with stage t's first op x after
-    the earliest possible, under the best pairing."""
+    """Whether the stage's workers can serve `total` with stage t's first op x after the earliest
+    possible, under the best pairing; `span_room` and `round_room` are the period less stage t's
+    all-reduce and optimizer, and less the way there and back."""
     best = 0
     for counts in pairings:
         served = 0
@@ -79,8 +80,7 @@ def _covers(period: float, x: float, pairings: list[dict[tuple[float, float], in
     return best >= total
 
 
-def _candidate_xs(period: float, starts: Counter, span_room: float, work: float,
-                  total: int) -> list[float]:
+def _candidate_xs(starts: Counter, span_room: float, work: float, total: int) -> list[float]:
     """x = 0, and each x at which a delayed worker's span term first admits one more micro-batch
     (between those points only the round-trip term changes, and it only tightens as x grows)."""
     xs = {0.0}
@@ -144,8 +144,8 @@ def _coverage(starts: Counter, pairings: list[dict[tuple[float, float], int]], t
     def covers(period: float) -> bool:
         span_room = period - tail_t
         round_room = period - there - back
-        return any(_covers(period, x, pairings, total, span_room, work, round_room, stretch)
-                   for x in _candidate_xs(period, starts, span_room, work, total))
+        return any(_covers(x, pairings, total, span_room, work, round_room, stretch)
+                   for x in _candidate_xs(starts, span_room, work, total))
 
     return covers
 
