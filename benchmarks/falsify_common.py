@@ -15,7 +15,7 @@ from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.bounds import Bound  # noqa: E402
+from planner.bounds import Bound, lower_bound  # noqa: E402
 from planner.cp import cpsat  # noqa: E402
 from planner.simulator import replay  # noqa: E402
 from planner.solve import PlanResult, plan  # noqa: E402
@@ -61,6 +61,19 @@ def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> 
 
 Draw = Callable[[random.Random], tuple[JobSpec, list]]
 Measure = Callable[[JobSpec, list], "tuple[float, float] | None"]
+
+
+def own_value_against_the_rest(module: ModuleType, name: str) -> Measure:
+    """A `Measure` for the bound `module.name`: (its own value, `lower_bound` with it withheld),
+    None where it claims nothing."""
+    def measure(job: JobSpec, failed: list) -> tuple[float, float] | None:
+        own = getattr(module, name)(job, failed).value_ms
+        if own <= 0:
+            return None
+        with withheld(module, name):
+            return own, lower_bound(job, failed).value_ms
+
+    return measure
 
 
 def falsification_main(doc: str, draw: Draw, measure: Measure, seed: int, cases: int) -> int:

@@ -20,10 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from falsify_common import falsification_main, withheld  # noqa: E402
+from falsify_common import falsification_main, own_value_against_the_rest  # noqa: E402
 
 import planner.bounds_late as bounds_late  # noqa: E402
-from planner.bounds import lower_bound  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
 
 
@@ -51,14 +50,6 @@ def drawn_case(rng: random.Random, heavy_w: tuple[int, int] = (3, 8)) -> tuple[J
     return job, failed
 
 
-def measure(job: JobSpec, failed: list) -> tuple[float, float] | None:
-    """(bound 8's own value, the other bounds), None where bound 8 does not apply."""
-    late = bounds_late.late_round_trip_bound(job, failed).value_ms
-    if late <= 0:
-        return None
-    with withheld(bounds_late, "late_round_trip_bound"):
-        return late, lower_bound(job, failed).value_ms
-
-
 if __name__ == "__main__":
+    measure = own_value_against_the_rest(bounds_late, "late_round_trip_bound")
     raise SystemExit(falsification_main(__doc__, drawn_case, measure, seed=1, cases=150))

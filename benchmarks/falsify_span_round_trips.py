@@ -20,11 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from falsify_common import falsification_main, withheld  # noqa: E402
+from falsify_common import falsification_main, own_value_against_the_rest  # noqa: E402
 from falsify_late_round_trips import drawn_case as late_case  # noqa: E402
 
 import planner.bounds_span as bounds_span  # noqa: E402
-from planner.bounds import lower_bound  # noqa: E402
 from planner.spec import JobSpec  # noqa: E402
 
 
@@ -33,14 +32,6 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
     return late_case(rng, heavy_w=(2, 9))
 
 
-def measure(job: JobSpec, failed: list) -> tuple[float, float] | None:
-    """(bound 9's own value, the other bounds), None where bound 9 does not apply."""
-    span = bounds_span.span_round_trip_bound(job, failed).value_ms
-    if span <= 0:
-        return None
-    with withheld(bounds_span, "span_round_trip_bound"):
-        return span, lower_bound(job, failed).value_ms
-
-
 if __name__ == "__main__":
+    measure = own_value_against_the_rest(bounds_span, "span_round_trip_bound")
     raise SystemExit(falsification_main(__doc__, drawn_case, measure, seed=1, cases=150))

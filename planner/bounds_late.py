@@ -63,7 +63,7 @@ def delays(alive: list[int], per_op: list[float], first: int, last: int, workers
     return late
 
 
-def _stretches(costs: StageCosts, t: int, chain: float, total: int, workers: int,
+def stage_stretches(costs: StageCosts, t: int, chain: float, total: int, workers: int,
                ) -> Callable[[int], float]:
     """stretch_t as a non-decreasing function of n, exact near the even split (`SPAN`)."""
     even = total / workers
@@ -76,6 +76,22 @@ def _stretches(costs: StageCosts, t: int, chain: float, total: int, workers: int
         return 0.0 if n < low else table[min(n, high) - low]
 
     return stretch
+
+
+def way_there_and_back(costs: StageCosts, hop: list[float], a: int, t: int) -> tuple[float, float]:
+    """Bound 2's round trip a -> t -> a around stage t's stretch: (there, back), the F's of stages
+    a..t-1 and their least hops, and the B's and hops up again (W_a, AR_a and OPT_a come on top)."""
+    f, b = costs.forward, costs.backward_input
+    return sum(f[v] + hop[v] for v in range(a, t)), sum(b[v] + hop[v] for v in range(a, t))
+
+
+def late_sides(costs: StageCosts, alive: list[int], a: int, t: int) -> tuple[Counter, Counter]:
+    """(start delays, end advances) of the stage-t workers on the round trip a -> t -> a (module
+    docstring): one F per stage on the way down; one B per stage on the way back, and at stage a
+    also its W before AR_a."""
+    b, w = costs.backward_input, costs.backward_weight
+    back_ops = [b[u] + (w[u] if u == a else 0.0) for u in range(len(alive))]
+    return delays(alive, costs.forward, a, t, alive[t]), delays(alive, back_ops, a, t, alive[t])
 
 
 def _late_by(fixed: float, stretch: Callable[[int], float]) -> Callable[[int], float]:
@@ -103,7 +119,6 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     if 0 in alive:
         return Bound(0.0, "")  # a stage with no survivor: no plan exists to bound
     hop = stage_hops(costs, S)
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
     for t in range(1, S):
         serving = [p for p in range(job.pipelines) if (p, t) not in dead]
@@ -114,19 +129,16 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
             extra = Counter(crossing_extra(costs, hop, dead, p, a, t) for p in serving)
             sides: list[tuple[str, Counter]] = []
             if narrowest < alive[t]:
-                # The end side at stage a: each of the last B's there also needs its W before AR_a.
-                back_ops = [b[u] + (w[u] if u == a else 0.0) for u in range(S)]
-                for end, ops in (("start", f), ("end", back_ops)):
-                    sides.append((f"{narrowest} on the way ({end} of the iteration)",
-                                  delays(alive, ops, a, t, alive[t])))
+                for end, late in zip(("start", "end"), late_sides(costs, alive, a, t), strict=True):
+                    sides.append((f"{narrowest} on the way ({end} of the iteration)", late))
             if any(extra):
                 crossing = alive[t] - extra[0.0]
                 sides.append((f"{crossing} of them cross pipelines on the way", extra))
             if not sides:
                 continue
-            stretch = stretch or _stretches(costs, t, chain, total, alive[t])
-            fixed = (sum(f[v] + hop[v] for v in range(a, t)) + sum(b[v] + hop[v] for v in range(a, t))
-                     + w[a] + costs.allreduce[a] + costs.optimizer[a])
+            stretch = stretch or stage_stretches(costs, t, chain, total, alive[t])
+            there, back = way_there_and_back(costs, hop, a, t)
+            fixed = there + back + costs.backward_weight[a] + costs.allreduce[a] + costs.optimizer[a]
             for side, late in sides:
                 kinds = [(count, _late_by(fixed + d, stretch)) for d, count in sorted(late.items())]
                 value = least_period(kinds, total)

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from planner.bounds import Bound, chain_below, stage_hops
-from planner.bounds_late import _stretches, delays
+from planner.bounds_late import late_sides, stage_stretches, way_there_and_back
 from planner.bounds_sharing import most_served
 from planner.spec import JobSpec, Worker
 
@@ -75,7 +75,7 @@ def _covers(x: float, pairings: list[dict[tuple[float, float], int]], total: int
             room = span_room - max(0.0, d - x)
             by_span = total if work <= 0 else max(0, math.floor(room / work + _EPS))
             by_trip = most_served(stretch, round_room - max(x, d) - e, total)
-            served += count * min(by_span, by_trip, total)
+            served += count * min(by_span, by_trip)
         best = max(best, served)
     return best >= total
 
@@ -109,25 +109,21 @@ def span_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     if 0 in alive:
         return Bound(0.0, "")
     hop = stage_hops(costs, S)
-    f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     best = Bound(0.0, "")
     for t in range(1, S):
         stretch = None
-        work = f[t] + b[t] + w[t]
+        work = costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]
         tail_t = costs.allreduce[t] + costs.optimizer[t]
         for a in range(t):
             if min(alive[a:t]) >= alive[t]:
                 continue
-            back_ops = [b[u] + (w[u] if u == a else 0.0) for u in range(S)]
-            starts = delays(alive, f, a, t, alive[t])
-            ends = delays(alive, back_ops, a, t, alive[t])
+            starts, ends = late_sides(costs, alive, a, t)
             pairings = _pairings(starts, ends)
             if pairings is None or len(starts) < 2:
                 continue
-            stretch = stretch or _stretches(costs, t, chain_below(costs, hop, t), total, alive[t])
-            there = sum(f[v] + hop[v] for v in range(a, t))
-            back = (sum(b[v] + hop[v] for v in range(a, t)) + w[a] + costs.allreduce[a]
-                    + costs.optimizer[a])
+            stretch = stretch or stage_stretches(costs, t, chain_below(costs, hop, t), total, alive[t])
+            there, back = way_there_and_back(costs, hop, a, t)
+            back = back + costs.backward_weight[a] + costs.allreduce[a] + costs.optimizer[a]
 
             covers = _coverage(starts, pairings, total, tail_t, work, there, back, stretch)
             value = _least_covering(covers, max(floor_ms, best.value_ms))
