@@ -30,7 +30,7 @@ from tests.planner.test_bound_priced_trips import keeps_bound_4  # noqa: E402
 
 BOUNDS = {"late": (bounds_late, "late_round_trip_bound", None),
           "span": (bounds_span, "span_round_trip_bound", None),
-          "wave": (bounds_wave, "first_wave_bound", None),
+          "wave": (bounds_wave, "wave_bound", None),
           "priced": (bounds_sharing, "priced_trips", keeps_bound_4)}
 
 

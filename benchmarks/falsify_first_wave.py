@@ -35,7 +35,7 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
             "backward_input_ms": whole(), "backward_weight_ms": whole(),
             "p2p_ms": float(rng.randint(0, 2)), "cross_pipeline_p2p_ms": float(rng.randint(0, 3)),
             "allreduce_ms": float(rng.randint(0, 6)), "optimizer_ms": float(rng.randint(0, 2)),
-            "activation_mb": 2.0, "activation_w_mb": rng.choice([1.5, 2.0, 1.0]),
+            "activation_mb": 2.0, "activation_w_mb": rng.choice([1.5, 2.0, 1.0, 0.5]),
             "memory_limit_mb": rng.choice([2.0, 3.0])}
     job = JobSpec.parse(spec)
     s = rng.randrange(S - 1)
@@ -47,10 +47,10 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
 
 def measure(job: JobSpec, failed: list) -> tuple[float, float] | None:
     """(`lower_bound`, the same with bound 7 withheld), None where bound 7 does not apply."""
-    if bounds_wave.first_wave_bound(job, failed).value_ms <= 0:
+    if bounds_wave.wave_bound(job, failed).value_ms <= 0:
         return None
     bound = lower_bound(job, failed).value_ms
-    with withheld(bounds_wave, "first_wave_bound"):
+    with withheld(bounds_wave, "wave_bound"):
         return bound, lower_bound(job, failed).value_ms
 
 

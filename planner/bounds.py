@@ -52,9 +52,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    F + chain), it still runs the B's and W's of the later ones that must have ended and the F's
    that need them, one at a time. The least last F start, last B end (the stretch of 2 and 3) and
    last W end follow.
-7. First wave (`planner.bounds_wave`): where a stage's workers run one micro-batch at a time and
-   outnumber the next stage's slots, the first micro-batches of some of them wait a whole
-   next-stage window at the start of the iteration, which lengthens those workers' chains.
+7. First and last waves (`planner.bounds_wave`): where a stage's workers hold one micro-batch at a
+   time and outnumber the next stage's slots, the first micro-batches of some of them wait a
+   whole next-stage window at the start of the iteration, and the last ones of some come back a
+   window early at its end, which lengthens those workers' chains.
 8. Late round trips (`planner.bounds_late`): where a stage on the way from a to t has fewer alive
    workers than t, some stage-t workers receive their first micro-batch (or send their last one
    back) one or more ops late, and bound 2's round trip through them is that much longer.
@@ -279,9 +280,9 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
 
     pairs = pair_bound(job, failed, floor_ms=best.value_ms)
     best = pairs if pairs.value_ms > best.value_ms else best
-    from planner.bounds_wave import first_wave_bound  # it builds on bound 4's per-worker g
+    from planner.bounds_wave import wave_bound  # it builds on bound 4's per-worker g
 
-    wave = first_wave_bound(job, failed)
+    wave = wave_bound(job, failed)
     best = wave if wave.value_ms > best.value_ms else best
     from planner.bounds_late import late_round_trip_bound  # it builds on bound 2's stretch
 
