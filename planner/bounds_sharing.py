@@ -91,12 +91,14 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
             works[n] = n * (f + b + w) + (forced_idle(costs, s, n, k, chain) if with_idle else 0.0)
         work = works[n]
         longer = crossed * extra  # what the crossing round trips add to the windows' sum
-        value = max(work, (f + chain + b) * (n / min(k, n)) + longer / min(k, n) + w)
+        # extra x (crossed / m), not longer / m: n x extra / n can be one ulp below (n - 1) x
+        # extra / (n - 1), and g must not dip (the quotient itself is monotone in n).
+        value = max(work, (f + chain + b) * (n / min(k, n)) + extra * (crossed / min(k, n)) + w)
         if limit > 0:
             value = max(value, (n * (a * (f + chain + b) + aw * w) + a * longer) / limit)
         if one_at_a_time:
             value = max(value, n * (f + chain + b + w) + longer)
-        value = max(value, (f + chain + b + w) * (n / min(windows, n)) + longer / min(windows, n))
+        value = max(value, (f + chain + b + w) * (n / min(windows, n)) + extra * (crossed / min(windows, n)))
         return value + tail
 
     return g

@@ -10,7 +10,7 @@ CP-SAT search must never beat the bound on jobs built to have cut workers.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
@@ -193,10 +193,12 @@ def test_rounding_never_makes_the_bound_infinite():
     assert lower_bound(job, failed).value_ms <= result.iteration_ms + 1e-9
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.floats(0.01, 50.0), min_size=3, max_size=3), st.floats(0.0, 50.0),
        st.integers(1, 40), st.integers(1, 200), st.floats(0.0, 20.0), st.integers(0, 60),
        st.sampled_from([1.0, 0.7, 0.0]))
+# Found by a random run (2026-11-27): 5 x extra / 5 was one ulp below 4 x extra / 4.
+@example([1.0, 1.0, 1.0], 0.0, 5, 5, 12.885043060092876, 0, 1.0)
 def test_per_worker_bound_never_decreases(times, chain, holds_n, total, extra, own, activation_w):
     """g(n) is compared exactly against periods, so it must not dip by a rounding error anywhere;
     nor g(n, own) (priced trips: all but `own` round trips `extra` longer), which must also not

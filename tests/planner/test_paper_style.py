@@ -74,7 +74,7 @@ def failure_cases(draw):
     return job, tuple(sorted(failed))
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(failure_cases())
 def test_construction_is_valid_and_planner_never_behind_it(case):
