@@ -149,8 +149,9 @@ def lane_routing(job: JobSpec, failed: tuple[Worker, ...], spill: bool = False) 
     turn), the i-th goes to the next such worker whenever floor((i + 1) x) > floor(i x), x their
     share of the stage's survivors: each worker there serves about D x M / alive_s, and their share
     comes from every chain, spread through the iteration. Where the widest stage is the bottleneck
-    this is what keeps it busy (made-up 6 x 4 x 22, one failure at each of stages 0-2: four stage-3
-    workers of six get 27 micro-batches on the chains, 22 spilled; list-scheduled 422.0 -> 382.6 ms).
+    this is what keeps it busy (made-up 6 x 4 x 22, one failure at each of stages 0-2: on the chains
+    five stage-3 workers of six get 26 or 27 micro-batches and the sixth none, spilled all six get
+    22; list-scheduled 422.0 -> 382.6 ms at best over the list policies).
     None without failures or when a stage has no survivor."""
     dead = set(failed)
     D, S, M = job.pipelines, job.stages, job.microbatches
@@ -170,11 +171,11 @@ def lane_routing(job: JobSpec, failed: tuple[Worker, ...], spill: bool = False) 
             free = sorted((p for p in alive[s] if p not in chain), key=lambda p: (-run[p][s], p))
             chain = [p if (p, s) not in dead else free.pop(0) for p in chain]
         extra = [p for p in alive[s] if p not in chain] if spill else []
-        share = len(extra) / len(alive[s])
         spilled = 0
         for i, (home, m) in enumerate(micro):
             q = chain[i % lanes]
-            if extra and int((i + 1) * share) > int(i * share):
+            # Whole numbers, so that no rounding moves a spill: floor((i + 1) x) > floor(i x).
+            if extra and (i + 1) * len(extra) // len(alive[s]) > i * len(extra) // len(alive[s]):
                 q = extra[spilled % len(extra)]
                 spilled += 1
             if q != home:
