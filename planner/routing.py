@@ -165,19 +165,51 @@ def lane_routing(job: JobSpec, failed: tuple[Worker, ...], spill: bool = False) 
             run[p][s] = 0 if (p, s) in dead else 1 + run[p][s + 1]
     chain = sorted(alive[0], key=lambda p: (-run[p][0], p))[:lanes]
     micro = [(home, m) for m in range(M) for home in range(D)]  # index order, pipelines interleaved
+    micro_index = range(len(micro))
     moved: dict[tuple[int, int, int], int] = {}
     for s in range(S):
         if s > 0:
             free = sorted((p for p in alive[s] if p not in chain), key=lambda p: (-run[p][s], p))
             chain = [p if (p, s) not in dead else free.pop(0) for p in chain]
         extra = [p for p in alive[s] if p not in chain] if spill else []
-        spilled = 0
+        served = _spilled_deal(len(micro), lanes, len(extra)) if extra else [i % lanes for i in micro_index]
         for i, (home, m) in enumerate(micro):
-            q = chain[i % lanes]
-            # Whole numbers, so that no rounding moves a spill: floor((i + 1) x) > floor(i x).
-            if extra and (i + 1) * len(extra) // len(alive[s]) > i * len(extra) // len(alive[s]):
-                q = extra[spilled % len(extra)]
-                spilled += 1
+            q = chain[served[i]] if served[i] < lanes else extra[served[i] - lanes]
             if q != home:
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
+
+
+def _spilled_deal(count: int, lanes: int, extras: int) -> list[int]:
+    """Who serves each of `count` micro-batches dealt to `lanes` chains in turn when `extras` more
+    workers take an even share: a chain's index, or lanes + an extra's. The i-th goes to the next
+    extra whenever floor((i + 1) x) > floor(i x), x = extras / (lanes + extras) (whole numbers, so
+    no rounding moves one). Where the chain count and that stride share a factor, those spills
+    would fall on the same chains every time (4 micro-batches, 2 chains, 2 extras: both on the
+    second chain, which keeps none); then each chain gives up its excess over an even share
+    itself, spread through its own micro-batches."""
+    workers = lanes + extras
+    served, spilled = [], 0
+    for i in range(count):
+        if (i + 1) * extras // workers > i * extras // workers:
+            served.append(lanes + spilled % extras)
+            spilled += 1
+        else:
+            served.append(i % lanes)
+    loads = [served.count(w) for w in range(workers)]
+    if max(loads) - min(loads) <= 1:
+        return served
+    base, rem = divmod(count, workers)
+    own = [sum(1 for i in range(count) if i % lanes == lane) for lane in range(lanes)]
+    keep = [min(own[lane], base + (lane < rem)) for lane in range(lanes)]
+    served, seen, spilled = [], [0] * lanes, 0
+    for i in range(count):
+        lane, j = i % lanes, seen[i % lanes]
+        seen[lane] += 1
+        give = own[lane] - keep[lane]
+        if (j + 1) * give // own[lane] > j * give // own[lane]:
+            served.append(lanes + spilled % extras)
+            spilled += 1
+        else:
+            served.append(lane)
+    return served
