@@ -242,6 +242,7 @@ def best_heuristic(
             dropped_ops = replicate(dropped, fault_free_plan(dropped, wall_cap_s=cap).ops)
             if consider(relabel_dropped(job, failed, dropped, dropped_ops), "drop-damaged-pipelines"):
                 return best
+    first_policies = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
     lanes = lane_routing(job, failed) if failed else None
     if lanes is not None and (dissolved is None or lanes.moved != dissolved.moved) \
             and not _beaten(job, lanes, best, failure_bound):
@@ -252,8 +253,7 @@ def best_heuristic(
         for policy in SWEEP_POLICIES[:1] if big else SWEEP_POLICIES:
             if consider(sweep_schedule(job, lanes, policy), f"lanes+{policy.name}"):
                 return best
-        lane_policies = [] if big else [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-        for policy in lane_policies[:LANE_LIST_POLICIES]:
+        for policy in [] if big else first_policies[:LANE_LIST_POLICIES]:
             if consider_list(list_schedule(job, lanes, policy), policy, lanes, f"lanes+{policy.name}"):
                 return best
     # With every failure at one stage the re-routing (`balanced_routing`) already keeps every
@@ -267,8 +267,7 @@ def best_heuristic(
         # where the widest stage is the bottleneck, the chains alone leave part of it idle. Whole
         # candidates, not starting points of the routing search: from their routing it ended
         # worse where they won by little (made-up 3 x 6 x 6 pipeline, 160.2 -> 161.5-163.6 ms).
-        lane_policies = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-        for policy in lane_policies[:LANE_LIST_POLICIES]:
+        for policy in first_policies[:LANE_LIST_POLICIES]:
             if consider(list_schedule(job, spilled, policy), f"spilled-lanes+{policy.name}"):
                 return best
     best_list: tuple[Policy, list[Op]] | None = None  # the best list schedule so far
@@ -290,7 +289,6 @@ def best_heuristic(
         if done:
             return best
     variants: list[Policy] = []
-    first_policies = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
     if failed and not big:
         # The grid's first rotation-0 policies again, with the busiest stage running its last
         # forwards before its input gradients (`Policy.tail_forwards`): 8 x 8 x 24 with [0, 3] dead,

@@ -11,6 +11,8 @@ so extra work arrives spread through the iteration rather than in one burst.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from planner.spec import JobSpec, Worker
 
 
@@ -165,16 +167,15 @@ def lane_routing(job: JobSpec, failed: tuple[Worker, ...], spill: bool = False) 
             run[p][s] = 0 if (p, s) in dead else 1 + run[p][s + 1]
     chain = sorted(alive[0], key=lambda p: (-run[p][0], p))[:lanes]
     micro = [(home, m) for m in range(M) for home in range(D)]  # index order, pipelines interleaved
-    micro_index = range(len(micro))
     moved: dict[tuple[int, int, int], int] = {}
     for s in range(S):
         if s > 0:
             free = sorted((p for p in alive[s] if p not in chain), key=lambda p: (-run[p][s], p))
             chain = [p if (p, s) not in dead else free.pop(0) for p in chain]
-        extra = [p for p in alive[s] if p not in chain] if spill else []
-        served = _spilled_deal(len(micro), lanes, len(extra)) if extra else [i % lanes for i in micro_index]
-        for i, (home, m) in enumerate(micro):
-            q = chain[served[i]] if served[i] < lanes else extra[served[i] - lanes]
+        workers = chain + ([p for p in alive[s] if p not in chain] if spill else [])
+        dealt = _spilled_deal(len(micro), lanes, len(workers) - lanes)
+        for (home, m), served in zip(micro, dealt, strict=True):
+            q = workers[served]
             if q != home:
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
@@ -187,7 +188,7 @@ def _spilled_deal(count: int, lanes: int, extras: int) -> list[int]:
     no rounding moves one). Where the chain count and that stride share a factor, those spills
     would fall on the same chains every time (4 micro-batches, 2 chains, 2 extras: both on the
     second chain, which keeps none); then each chain gives up its excess over an even share
-    itself, spread through its own micro-batches."""
+    itself, spread through its own micro-batches. Without extras: the chains in turn."""
     workers = lanes + extras
     served, spilled = [], 0
     for i in range(count):
@@ -196,16 +197,15 @@ def _spilled_deal(count: int, lanes: int, extras: int) -> list[int]:
             spilled += 1
         else:
             served.append(i % lanes)
-    loads = [served.count(w) for w in range(workers)]
-    if max(loads) - min(loads) <= 1:
+    loads = Counter(served)
+    if max(loads[w] for w in range(workers)) - min(loads[w] for w in range(workers)) <= 1:
         return served
     base, rem = divmod(count, workers)
-    own = [sum(1 for i in range(count) if i % lanes == lane) for lane in range(lanes)]
+    own = [count // lanes + (lane < count % lanes) for lane in range(lanes)]  # dealt to each in turn
     keep = [min(own[lane], base + (lane < rem)) for lane in range(lanes)]
-    served, seen, spilled = [], [0] * lanes, 0
+    served, spilled = [], 0
     for i in range(count):
-        lane, j = i % lanes, seen[i % lanes]
-        seen[lane] += 1
+        lane, j = i % lanes, i // lanes  # j: the lane's own index of the i-th micro-batch
         give = own[lane] - keep[lane]
         if (j + 1) * give // own[lane] > j * give // own[lane]:
             served.append(lanes + spilled % extras)
