@@ -51,7 +51,8 @@ class Settings(BaseSettings):
         default=None, description="Directory where the solve processes share each job's fault-free plan "
         "(made once per job, deterministic; up to tens of seconds on a large job), across restarts too. "
         "The planner reads the same variable (RECYCLE_FAULT_FREE_CACHE). Default: a temporary "
-        "directory for the service's lifetime, so its solve processes still share it.")
+        "directory for the service's lifetime, so its solve processes still share it (removed at "
+        "shutdown, or by the next service to start if this one was killed).")
     solver_processes: int = Field(default=1, ge=1, description="Size of the solve process pool.")
     max_queued_solves: int = Field(
         default=64, ge=0, description="Client solves that may wait for a solve process; more answer 503.")

@@ -62,6 +62,38 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await to_thread.run_sync(fn, *args)
 
 
+CACHE_PREFIX = "recycle-fault-free-"
+
+
+def remove_orphaned_caches(temp_dir: str | None = None) -> list[str]:
+    """Remove the temporary fault-free caches of services that are gone. A service killed outright
+    (SIGKILL, out of memory) never runs its shutdown, so its directory would stay in /tmp for good;
+    each is named after its service's pid, and one whose pid no longer runs is an orphan. Returns the
+    paths removed. A pid reused by another process keeps its directory until that one ends too."""
+    temp_dir = temp_dir or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(temp_dir):
+        if not name.startswith(CACHE_PREFIX):
+            continue
+        pid_text = name[len(CACHE_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+            continue  # a name without a pid (nothing to tell), or a live service's
+        path = os.path.join(temp_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class Solver:
     def __init__(self, settings: Settings, store: Store, metrics: Metrics):
         self.settings, self.store, self.metrics = settings, store, metrics
@@ -77,7 +109,8 @@ class Solver:
 
     def start(self) -> None:
         if not self.fault_free_cache:  # unset, or set empty (as the planner reads it: no directory)
-            self._own_cache = self.fault_free_cache = tempfile.mkdtemp(prefix="recycle-fault-free-")
+            remove_orphaned_caches()
+            self._own_cache = self.fault_free_cache = tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{os.getpid()}-")
         self._pool = self._new_pool(self.settings.solver_processes, FULL_SOLVE_NICENESS)
         self._quick_pool = self._new_pool(1, QUICK_SOLVE_NICENESS)
 

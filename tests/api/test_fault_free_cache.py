@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 from api_testkit import small_job
@@ -153,3 +154,30 @@ def test_a_solve_deadline_does_not_count_the_fault_free_plan(tmp_path: Path):
     assert run(fault_free_deadline_s=60) == ("done", None)
     status, error = run(fault_free_deadline_s=1)
     assert status == "failed" and "fault-free plan overran its deadline of 1 s" in error, error
+
+
+def test_a_killed_services_temporary_cache_goes_when_the_next_service_starts(tmp_path: Path):
+    """SIGKILL skips the shutdown that removes the service's own directory: the next service on the
+    machine removes the orphan (its pid no longer runs), and leaves a live service's alone."""
+    from api_testkit import Server
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    live = temp / f"recycle-fault-free-{os.getpid()}-live"  # this test's process runs
+    live.mkdir()
+    unrelated = temp / "recycle-fault-free-notapid"  # not a pid: nothing to tell, kept
+    unrelated.mkdir()
+    first = Server(f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "a.log", TMPDIR=str(temp)).start()
+    try:
+        (own,) = [p for p in temp.iterdir() if p.name.startswith(f"recycle-fault-free-{first.proc.pid}-")]
+    finally:
+        first.kill9()
+    assert own.is_dir()  # nobody removed it: the service was killed
+    second = Server(f"sqlite:///{tmp_path / 'b.db'}", tmp_path / "b.log", TMPDIR=str(temp)).start()
+    try:
+        assert not own.exists()
+        assert live.is_dir() and unrelated.is_dir()
+        assert [p for p in temp.iterdir() if p.name.startswith(f"recycle-fault-free-{second.proc.pid}-")]
+    finally:
+        second.stop()
+    assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, unrelated.name])
