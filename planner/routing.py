@@ -12,8 +12,10 @@ so extra work arrives spread through the iteration rather than in one burst.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from planner.spec import JobSpec, Worker
+from planner.timeline import Op
 
 
 class Routing:
@@ -87,6 +89,15 @@ def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) 
                 quota[q] -= 1
                 moved[(home, m, s)] = q
     return Routing(job, tuple(sorted(failed)), moved)
+
+
+def routing_of(job: JobSpec, failed: tuple[Worker, ...], ops: Iterable[Op]) -> Routing:
+    """The routing a schedule follows: which pipeline's worker runs each micro-batch's forward at
+    each stage (its B and W run there too, rule 1). A schedule routed as its ops arrive
+    (`Policy.dynamic_routing`) becomes a fixed routing the other schedulers can take."""
+    moved = {(*op.microbatch, op.worker[1]): op.worker[0]
+             for op in ops if op.kind == "F" and op.worker[0] != op.microbatch[0]}
+    return Routing(job, failed, moved)
 
 
 def cut_sides(dead: set[Worker], pipeline: int, stage: int) -> int:
