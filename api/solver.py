@@ -79,8 +79,9 @@ def remove_orphaned_caches(temp_dir: str | None = None) -> list[str]:
         if not pid_text.isdigit() or _process_exists(int(pid_text)):
             continue  # a name without a pid (nothing to tell), or a live service's
         path = os.path.join(temp_dir, name)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        shutil.rmtree(path, ignore_errors=True)  # another user's is not ours to remove: left there
+        if not os.path.exists(path):
+            removed.append(path)
     return removed
 
 

@@ -181,3 +181,24 @@ def test_a_killed_services_temporary_cache_goes_when_the_next_service_starts(tmp
     finally:
         second.stop()
     assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, unrelated.name])
+
+
+def test_only_caches_whose_service_pid_is_gone_are_removed(tmp_path: Path):
+    """The sweep itself: a finished process's pid is gone, this test's own pid runs, a name without
+    a pid tells nothing, and other names are not the service's."""
+    import subprocess
+    import sys
+
+    from api.solver import remove_orphaned_caches
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True, timeout=60)
+    dead_pid = int(finished.stdout)
+    names = {"dead": f"recycle-fault-free-{dead_pid}-abc", "live": f"recycle-fault-free-{os.getpid()}-abc",
+             "no_pid": "recycle-fault-free-abc", "other": f"something-{dead_pid}-abc"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plan.json").write_text("{}")
+    assert remove_orphaned_caches(str(tmp_path)) == [str(tmp_path / names["dead"])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [names["live"], names["no_pid"], names["other"]])
