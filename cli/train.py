@@ -223,9 +223,14 @@ def measured_vs_predicted(iterations: list[dict[str, Any]], workers: int, cores:
     if not ratios:
         return "measured vs predicted: no prediction (no plan timing for these iterations)"
     ratio = ratios[len(ratios) // 2]
-    why = (f"here {workers} worker processes share {cores} CPU cores, which the profile did not"
-           if ratio >= 1 else "the run was faster than its profile, which was measured once, under the "
-           "machine's load at that moment")
+    if ratio < 1:
+        why = ("the run was faster than its profile, which was measured once, under the machine's load "
+               "at that moment")
+    elif workers > cores:
+        why = f"here {workers} worker processes share {cores} CPU cores, which the profile did not"
+    else:
+        why = ("the run also waits on the service and its peers and writes any checkpoints, which the "
+               "profile does not time")
     return (f"measured vs predicted: median {ratio:.2f}x (the plan predicts from a profile of each "
             f"stage run alone; {why})")
 

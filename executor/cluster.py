@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import signal
 import statistics
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from executor.data import DataConfig
-from executor.fault_points import PHASES, hold_release_key, reached_key
+from executor.fault_points import PHASES, generation_key, hold_release_key, reached_key, record_key
 from executor.local import _start_worker
 from executor.model import ConfigError, ModelConfig
 from executor.optim import OptimConfig
@@ -179,6 +180,8 @@ class LiveCluster:
         coordinator routes."""
         self.fired: list[tuple[Fault, float]] = []
         self.posted_losses: dict[int, float] = {}
+        self.posted_records: dict[int, list[dict]] = {}
+        self.posted_generations: list[dict] = []
 
     def _spec(self, w: tuple[int, int], port: int, rejoin_at: int | None) -> WorkerSpec:
         return WorkerSpec(
@@ -213,6 +216,7 @@ class LiveCluster:
                 # results are gone): a run restored from a checkpoint still reports iteration 0 on.
                 self.posted_losses = {i: float(store.get(f"loss/{i}")) for i in range(self.N)
                                       if store.check([f"loss/{i}"])}
+                self.posted_records, self.posted_generations = self._posted(store)
                 outputs = self._outputs(procs)
             finally:
                 for _, proc in procs:
@@ -317,6 +321,21 @@ class LiveCluster:
                 [(w, p) for w, p in procs if p.state == "crashed"]), outputs)
         return finished
 
+    def _posted(self, store: dist.Store) -> tuple[dict[int, list[dict]], list[dict]]:
+        """Every worker's posted iteration ends and generation starts, the killed ones' included: a
+        stage that lost all its workers, or a one-worker job, has no finished process that holds its
+        first iterations."""
+        workers = [(p, s) for p in range(self.D) for s in range(self.S)]
+
+        def read(keys: list[str]) -> list[dict]:
+            return [json.loads(store.get(k)) for k in keys if store.check([k])]
+
+        records = {i: read([record_key(i, w) for w in workers]) for i in range(self.N)}
+        newest = max((r["generation"] for recs in records.values() for r in recs), default=0)
+        generations = [g for gen in range(1, newest + 1)
+                       for g in read([generation_key(gen, w) for w in workers])]
+        return records, generations
+
     # ------------------------------------------------------------------------------ results
     def _collect(self, outputs: dict[tuple[int, int], dict]) -> LiveRun:
         stage_parameters = []
@@ -340,12 +359,19 @@ class LiveCluster:
             raise LiveRunError(f"no finished last-stage replica holds the loss of iterations {missing}")
         ends, gens, predicted = {}, {}, {}
         for i in its:
+            # A posted record of a worker that later redid the iteration (after a restore) ended
+            # before the redo, so the latest end is the iteration's end either way.
             recs = [out["records"][i] for out in outputs.values() if i in out["records"]]
+            recs += self.posted_records.get(i, [])
+            if not recs:
+                raise LiveRunError(f"iteration {i}: no worker recorded its end")
             last = max(recs, key=lambda r: r["end_s"])
             ends[i] = last["end_s"]
             gens[i] = max(r["generation"] for r in recs)
             predicted[i] = last["predicted_ms"]
-        starts = [g["started_s"] for out in outputs.values() for g in out["generations"]]
+        every_generation = [g for out in outputs.values() for g in out["generations"]]
+        every_generation += self.posted_generations
+        starts = [g["started_s"] for g in every_generation]
         iteration_ms = {i: (ends[i] - (ends[i - 1] if i - 1 in ends else min(starts))) * 1e3 for i in its}
         iterations = [{"iteration": i, "loss": losses[i], "iteration_ms": round(iteration_ms[i], 3),
                        "predicted_ms": round(predicted[i], 3) if predicted[i] else None,
@@ -357,7 +383,7 @@ class LiveCluster:
             before = [gens[i] for i in its if ends[i] < t_fault]
             gen_at = max(before) if before else gens[its[0]]
             after = [ends[i] for i in its if gens[i] > gen_at and ends[i] > t_fault]
-            new_gen = [g for out in outputs.values() for g in out["generations"] if g["generation"] > gen_at]
+            new_gen = [g for g in every_generation if g["generation"] > gen_at]
             failures.append({
                 "worker": list(f.worker), "iteration": f.iteration, "phase": f.phase, "signal": f.signal,
                 "recovery_ms": round((min(after) - t_fault) * 1e3 - normal_ms, 3) if after else None,
@@ -365,8 +391,7 @@ class LiveCluster:
                 if new_gen else None,
             })
         fields = ("generation", "restart", "restored", "failed", "reason")
-        generations = sorted({g["generation"]: {k: g.get(k) for k in fields}
-                              for out in outputs.values() for g in out["generations"]}.values(),
-                             key=lambda g: g["generation"])
+        by_number = {g["generation"]: {k: g.get(k) for k in fields} for g in every_generation}
+        generations = sorted(by_number.values(), key=lambda g: g["generation"])
         return LiveRun(losses=[losses[i] for i in its], stage_parameters=stage_parameters,
                        iterations=iterations, failures=failures, generations=generations)

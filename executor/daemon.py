@@ -29,12 +29,13 @@ exactly once and reproduces the fault-free run.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
 
 from executor.comms import GenerationGroups, Interrupted, PeerLost, Timeouts, connect_store, interruptible
-from executor.fault_points import FaultPoints
+from executor.fault_points import FaultPoints, generation_key, record_key
 from executor.membership import Membership, MembershipError, alive_workers
 from executor.runtime import Worker
 from executor.worker_spec import WorkerSpec
@@ -208,6 +209,7 @@ class Daemon:
                                  "started_s": time.time(),
                                  "failed": a["failed"], "predicted_ms": a.get("iteration_ms"),
                                  "reason": a.get("reason")})
+        store.set(generation_key(gen, spec.worker), json.dumps(self.generations[-1]))
         failed = {tuple(w) for w in a["failed"]}
         holds = self.faults.holds(failed) if self.faults is not None else set()
         for it in range(restart, spec.iterations):
@@ -218,8 +220,11 @@ class Daemon:
                 # that breaks no connection (an excluded live worker, a rejoin) interrupts no wait.
                 raise Interrupted(f"generation {gen} before iteration {it}")
             worker.run_iteration(it)
-            if it in worker.losses:  # the launcher's record: outlives this process if it is killed
+            # The launcher's copy of the loss and of when the iteration ended: it outlives this
+            # process if it is killed (a job that loses every worker keeps no other record of them).
+            if it in worker.losses:
                 store.set(f"loss/{it}", repr(worker.losses[it]))
+            store.set(record_key(it, spec.worker), json.dumps(worker.records[it]))
             store.set(f"progress/{self.name}", str(worker.completed))
         self._finish_together(gen, alive)
 

@@ -36,6 +36,16 @@ def hold_release_key(iteration: int) -> str:
     return f"release-hold/{iteration}"
 
 
+def record_key(iteration: int, worker: tuple[int, int]) -> str:
+    """Where a worker posts when it finished `iteration` (the launcher's copy, kept if it dies)."""
+    return f"record/{iteration}/{worker[0]}:{worker[1]}"
+
+
+def generation_key(generation: int, worker: tuple[int, int]) -> str:
+    """Where a worker posts how it started `generation` (likewise kept if it dies)."""
+    return f"generation/{generation}/{worker[0]}:{worker[1]}"
+
+
 def pause_positions(ops: Sequence[str]) -> dict[int, str]:
     """Instruction index -> phase name: the middle occurrence of each phase's op in a stream."""
     positions = {}

@@ -96,3 +96,5 @@ def test_measured_vs_predicted_says_which_way_they_differ():
     faster = [{"iteration_ms": r * 100.0, "predicted_ms": 100.0} for r in (0.5, 0.6, 0.9)]
     line = measured_vs_predicted(faster, 6, 2)
     assert "median 0.60x" in line and "faster than its profile" in line, line
+    line = measured_vs_predicted(slower, 1, 2)  # one process on two cores: no sharing to blame
+    assert "median 1.50x" in line and "share" not in line and "does not time" in line, line
