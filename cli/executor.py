@@ -172,4 +172,10 @@ def _write_spec(spec: dict, output: str | None) -> int:
         print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    print(COMMS_NOTE, file=sys.stderr)
     return EXIT_OK
+
+
+COMMS_NOTE = ("note: p2p_ms, cross_pipeline_p2p_ms and allreduce_ms were measured over gloo between "
+              "threads of this process, on the CPU, whatever --device says; for NCCL over your "
+              "interconnect, replace them in the JSON with figures measured there (e.g. nccl-tests)")

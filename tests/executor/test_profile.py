@@ -32,6 +32,8 @@ def test_profile_cli_writes_the_spec(tmp_path, capsys):
     spec = json.loads(out.read_text())
     assert spec["allreduce_ms"] == [0.0]  # one pipeline: nothing to all-reduce
     JobSpec.parse(spec)
+    # The communication figures are loopback gloo on the CPU: the user is told so, and what to do.
+    assert "measured over gloo between threads" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
