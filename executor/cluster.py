@@ -194,7 +194,7 @@ class LiveCluster:
             service_url=self.service_url, job_id=self.job_id, service_token=self.worker_token,
             rejoin_at=rejoin_at,
             pause_at=[f.point for f in self.faults if f.worker == w and rejoin_at is None],
-            hold_at=[[r.iteration, *r.worker] for r in self.rejoins],
+            hold_at=[[r.iteration, *r.worker] for r in self.rejoins], post_progress=True,
         )
 
     def run(self, progress=None) -> LiveRun:

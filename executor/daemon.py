@@ -209,7 +209,8 @@ class Daemon:
                                  "started_s": time.time(),
                                  "failed": a["failed"], "predicted_ms": a.get("iteration_ms"),
                                  "reason": a.get("reason")})
-        store.set(generation_key(gen, spec.worker), json.dumps(self.generations[-1]))
+        if spec.post_progress:
+            store.set(generation_key(gen, spec.worker), json.dumps(self.generations[-1]))
         failed = {tuple(w) for w in a["failed"]}
         holds = self.faults.holds(failed) if self.faults is not None else set()
         for it in range(restart, spec.iterations):
@@ -222,9 +223,10 @@ class Daemon:
             worker.run_iteration(it)
             # The launcher's copy of the loss and of when the iteration ended: it outlives this
             # process if it is killed (a job that loses every worker keeps no other record of them).
-            if it in worker.losses:
-                store.set(f"loss/{it}", repr(worker.losses[it]))
-            store.set(record_key(it, spec.worker), json.dumps(worker.records[it]))
+            if spec.post_progress:
+                if it in worker.losses:
+                    store.set(f"loss/{it}", repr(worker.losses[it]))
+                store.set(record_key(it, spec.worker), json.dumps(worker.records[it]))
             store.set(f"progress/{self.name}", str(worker.completed))
         self._finish_together(gen, alive)
 

@@ -57,6 +57,10 @@ class WorkerSpec:
     hold_at: list[list[int]] = field(default_factory=list)
     """[ITER, P, S]: a restarted peer rejoins at ITER; while it is still failed, wait at that
     iteration boundary (bounded) for its generation to arrive."""
+    post_progress: bool = False
+    """Post each iteration's loss and end and each generation's start to the store, for a launcher
+    that reports the run and must outlive its killed workers (the local cluster). Off for `recycle
+    worker`: nobody reads them there, and a long run would grow the rendezvous store without bound."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

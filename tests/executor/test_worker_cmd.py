@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from executor.app import load_app
+from executor.fault_points import generation_key, record_key
 from executor.local import uniform_job
 from executor.reference import train_reference_app
 from executor.service import LocalService, ServiceClient
@@ -84,6 +85,11 @@ def test_hand_started_workers_on_two_addresses_survive_a_kill_and_take_the_worke
                     continue
                 log = tmp_path / ("w11-rejoin.log" if name == "rejoined" else f"w{name[0]}{name[1]}.log")
                 assert p.wait(180) == 0, log.read_text()[-2000:]
+            # No launcher reports this run from the store, so the workers left no per-iteration keys
+            # there (over a long run they would grow the rendezvous store without bound).
+            last = ITERATIONS - 1
+            assert not any(watch.check([key]) for key in (f"loss/{last}", record_key(last, (0, 1)),
+                                                           generation_key(1, (0, 1))))
         finally:
             for p in [*procs.values(), rdzv]:
                 if p.poll() is None:
