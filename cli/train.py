@@ -46,14 +46,16 @@ def _job_spec(args: argparse.Namespace, model, data, app=None) -> dict[str, Any]
     import torch
 
     torch.set_num_threads(1)  # as each worker runs (WorkerSpec.threads)
-    print(f"profiling the model on this machine ({args.reps} reps per figure) ...", file=sys.stderr)
+    print(f"profiling the model on this machine's {args.device} ({args.reps} reps per figure) ...",
+          file=sys.stderr)
+    # On the device the workers train on: a CUDA run planned from CPU timings mispredicts every op.
     if app is not None:
         from executor.app_profile import profile_app
 
-        return profile_app(app, args.pipelines, args.stages, args.microbatches, args.reps)
+        return profile_app(app, args.pipelines, args.stages, args.microbatches, args.reps, args.device)
     from executor.profile import profile_job
 
-    return profile_job(model, args.pipelines, args.stages, args.microbatches, data, args.reps)
+    return profile_job(model, args.pipelines, args.stages, args.microbatches, data, args.reps, args.device)
 
 
 def check_device(device: str, workers: int) -> None:

@@ -98,3 +98,21 @@ def test_measured_vs_predicted_says_which_way_they_differ():
     assert "median 0.60x" in line and "faster than its profile" in line, line
     line = measured_vs_predicted(slower, 1, 2)  # one process on two cores: no sharing to blame
     assert "median 1.50x" in line and "share" not in line and "does not time" in line, line
+
+
+@pytest.mark.parametrize("app", [None, "an app"])
+def test_the_run_is_profiled_on_the_device_it_trains_on(monkeypatch, app):
+    """`recycle train --device cuda` once profiled on the CPU and planned a GPU run from CPU
+    timings (found on an H100: measured 83-95 ms against a predicted 31.6, the CPU's figure)."""
+    import argparse
+
+    import executor.app_profile
+    import executor.profile
+    from cli.train import _job_spec
+
+    seen = []
+    monkeypatch.setattr(executor.app_profile, "profile_app", lambda *a: seen.append(a[-1]) or {})
+    monkeypatch.setattr(executor.profile, "profile_job", lambda *a: seen.append(a[-1]) or {})
+    args = argparse.Namespace(job=None, device="cuda", reps=1, pipelines=1, stages=1, microbatches=1)
+    _job_spec(args, None, None, app)
+    assert seen == ["cuda"]
