@@ -71,6 +71,11 @@ def decode_signature(text: str | bytes) -> Signature:
 
 def to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, Tensor):
+        if device.type == "cuda" and value.device.type == "cpu":
+            # From pageable memory the copy would wait for every kernel already queued, so the
+            # GPU would idle while this process launches the next ones; from pinned memory it is
+            # queued like a kernel (the pinned block is kept until the copy has run).
+            return value.pin_memory().to(device, non_blocking=True)
         return value.to(device)
     if isinstance(value, tuple | list):
         return type(value)(to_device(v, device) for v in value)
@@ -99,7 +104,9 @@ class AppStageRunner(IterationBook):
         self._coverage_checked = False
         self._forwarded: dict[Microbatch, tuple[list[Tensor], list[Tensor], MicrobatchWeights]] = {}
         self._awaiting_w: dict[Microbatch, tuple[PendingWeightGrad, MicrobatchWeights]] = {}
-        self.losses: dict[Microbatch, float] = {}
+        self.losses: dict[Microbatch, Tensor] = {}
+        """Each micro-batch's loss, kept on the device: reading it here would wait for the forward's
+        kernels (on a GPU, every micro-batch); the all-reduce reads their sum once."""
         self.output_signature: Signature | None = None
         self._input_signature: Signature | None = None
 
@@ -122,7 +129,7 @@ class AppStageRunner(IterationBook):
             self.recorder.current = None
         if self.last:
             loss = self.app.loss(out, target)
-            self.losses[mb] = float(loss.detach())
+            self.losses[mb] = loss.detach()
             roots = [loss * self.loss_scale]
         else:
             roots = list(as_tuple(out))

@@ -313,8 +313,11 @@ class Worker:
         params = list(self.module.parameters())
         parts = [p.grad.reshape(-1) for p in params]
         if self.runner.last:
-            local = sum(self.runner.losses.values()) * self.runner.loss_scale
-            parts.append(torch.tensor([local], dtype=parts[0].dtype, device=self.device))
+            losses = list(self.runner.losses.values())
+            # Summed in float64, as the Python floats were before the losses stayed on the device.
+            local = (torch.stack(losses).double().sum() if losses
+                     else torch.zeros((), dtype=torch.float64, device=self.device)) * self.runner.loss_scale
+            parts.append(local.reshape(1).to(parts[0].dtype))
         flat = torch.cat(parts)
         assert self.groups is not None
         self.groups.allreduce_sum(flat)
