@@ -58,3 +58,20 @@ def test_live_nccl_run_with_a_kill_and_a_rejoin_matches_single_process(service):
     ref = train_reference_app(load_app(app), 2, 2, 2, 6)
     for got, want in zip(run.losses, ref.losses, strict=True):
         assert abs(got - want) <= 1e-4 * abs(want)  # GPU kernels differ from CPU in the last bits
+
+
+@needs_cuda
+def test_a_host_input_reaches_the_gpu_intact_without_blocking_on_queued_kernels():
+    """`to_device` copies from pinned memory with non_blocking (so it does not wait for the kernels
+    already queued); the values must arrive intact, and a later kernel on the same stream sees them."""
+    from executor.app_stage import to_device
+
+    device = torch.device("cuda", 0)
+    busy = torch.randn(4096, 4096, device=device)
+    for _ in range(4):
+        busy = busy @ busy / 64  # queued work the copy must not wait for, nor overtake wrongly
+    batch = (torch.arange(4096, dtype=torch.int64).reshape(8, 512), {"y": torch.ones(3)})
+    moved = to_device(batch, device)
+    assert moved[0].device == device and moved[1]["y"].device == device
+    assert torch.equal(moved[0].cpu(), batch[0]) and torch.equal(moved[1]["y"].cpu(), batch[1]["y"])
+    assert int((moved[0] + 1).sum()) == int((batch[0] + 1).sum())
