@@ -315,7 +315,7 @@ class Worker:
         if self.runner.last:
             losses = list(self.runner.losses.values())
             # Summed in float64, as the Python floats were before the losses stayed on the device.
-            local = (torch.stack(losses).double().sum() if losses
+            local = (torch.stack([loss.reshape(()) for loss in losses]).double().sum() if losses
                      else torch.zeros((), dtype=torch.float64, device=self.device)) * self.runner.loss_scale
             parts.append(local.reshape(1).to(parts[0].dtype))
         flat = torch.cat(parts)
