@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one prepared run on a lent one-GPU machine (its image has torch with
-# CUDA; this project's other packages travel as wheels in .whl/, see docs/benchmarks.md "GPU checks").
+# CUDA; this project's other packages travel as wheels in .whl/, git-ignored; docs/benchmarks.md,
+# "On a GPU", gives the command that downloads them for the machine's Python 3.12).
 # Writes its results under $OUT (default out/gpu). Steps, each bounded:
 #   1. the CUDA tests (CUDA-event op timing; the one-line refusal of cuda without a GPU per worker);
 #   2. the B/W split against one full backward on the GPT example, at the CPU bar's size and at a
