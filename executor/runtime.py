@@ -318,8 +318,13 @@ class Worker:
             local = (torch.stack([loss.reshape(()) for loss in losses]).double().sum() if losses
                      else torch.zeros((), dtype=torch.float64, device=self.device)) * self.runner.loss_scale
             parts.append(local.reshape(1).to(parts[0].dtype))
-        flat = torch.cat(parts)
         assert self.groups is not None
+        if self.groups.stage is None:
+            # The stage's only replica: nothing to sum, so no flat copy of every gradient and back.
+            if self.runner.last:
+                self.losses[iteration] = float(parts[-1])
+            return
+        flat = torch.cat(parts)
         self.groups.allreduce_sum(flat)
         offset = 0
         for p in params:
