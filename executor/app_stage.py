@@ -16,7 +16,6 @@ worker ran which micro-batch (contracts.md, "Training app").
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from typing import Any
@@ -28,6 +27,7 @@ from executor.app import TrainingApp, as_tuple, call_stage
 from executor.autograd_split import PendingWeightGrad, backward_input, backward_weight
 from executor.deferred_modules import MicrobatchWeights, WeightRecorder, swap_weight_layers, used_elsewhere
 from executor.iteration_book import IterationBook, StageError
+from executor.snapshots import Snapshot, SnapshotPool
 
 Microbatch = tuple[int, int]
 Signature = list[tuple[tuple[int, ...], torch.dtype]]
@@ -209,13 +209,20 @@ class ReplicaState:
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.module, self.optimizer = module, optimizer
+        self.snapshots = SnapshotPool()
 
-    def snapshot(self) -> tuple[dict, dict]:
-        return (copy.deepcopy(self.module.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+    def snapshot(self) -> Snapshot:
+        return self.snapshots.take({"module": self.module.state_dict(),
+                                    "optimizer": self.optimizer.state_dict()})
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
-        self.module.load_state_dict(snap[0])
-        self.optimizer.load_state_dict(copy.deepcopy(snap[1]))
+    def restore(self, snap: Snapshot) -> None:
+        # The module copies the values into its parameters; the optimizer may keep the tensors it is
+        # given, so it gets its own (the buffers will hold a later snapshot).
+        self.module.load_state_dict(snap.rebuild(clone=False)["module"])
+        self.optimizer.load_state_dict(snap.rebuild(clone=True)["optimizer"])
+
+    def release(self, snap: Snapshot) -> None:
+        self.snapshots.release(snap)
 
     def to_bytes(self) -> Tensor:
         buf = io.BytesIO()

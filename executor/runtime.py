@@ -167,9 +167,10 @@ class Worker:
 
     def _step(self, iteration: int) -> None:
         if self.keep_snapshots:
-            self._snapshots[iteration] = self._snapshot()
+            # The oldest goes first, so its buffers hold the new one (two sets at most, not three).
             for k in [k for k in self._snapshots if k <= iteration - SNAPSHOTS_KEPT]:
-                del self._snapshots[k]
+                self.replica.release(self._snapshots.pop(k))
+            self._snapshots[iteration] = self._snapshot()
         self.optimizer.step()
         self.completed = iteration + 1
         every = self.spec.checkpoint_every
