@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from executor.app import build_stage, load_app  # noqa: E402
 from executor.app_stage import ReplicaState  # noqa: E402
+from executor.runtime import SNAPSHOTS_KEPT  # noqa: E402
 
 
 def main() -> None:
@@ -48,9 +49,11 @@ def main() -> None:
     kept: list = []
 
     def pooled() -> None:
-        kept.append(replica.snapshot())
-        if len(kept) > 1:  # as a worker does: the older one released, its buffers reused
+        # As a worker's step does: with SNAPSHOTS_KEPT held, the oldest is released first and its
+        # buffers take the new one.
+        if len(kept) == SNAPSHOTS_KEPT:
             replica.release(kept.pop(0))
+        kept.append(replica.snapshot())
 
     times: dict[str, list[float]] = {"deepcopy": [], "pool": []}
     for i in range(args.rounds + 3):
