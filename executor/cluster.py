@@ -383,7 +383,10 @@ class LiveCluster:
             before = [gens[i] for i in its if ends[i] < t_fault]
             gen_at = max(before) if before else gens[its[0]]
             after = [ends[i] for i in its if gens[i] > gen_at and ends[i] > t_fault]
-            new_gen = [g for g in every_generation if g["generation"] > gen_at]
+            # A generation that began before this kill cannot be the one that noticed it (a kill
+            # can land after the job has moved on, e.g. a stage's second worker while the first is
+            # being replaced).
+            new_gen = [g for g in every_generation if g["generation"] > gen_at and g["started_s"] > t_fault]
             failures.append({
                 "worker": list(f.worker), "iteration": f.iteration, "phase": f.phase, "signal": f.signal,
                 "recovery_ms": round((min(after) - t_fault) * 1e3 - normal_ms, 3) if after else None,

@@ -143,3 +143,6 @@ def test_a_job_that_loses_every_worker_still_reports_every_iteration(service, tm
         assert abs(got - want) <= 1e-5 * abs(want), f"iteration {it}: {got} vs {want}"
     for s in range(2):
         _assert_close(run.stage_parameters[s], ref.stage_parameters[s])
+    # A kill is detected by a generation that starts after it, never by one from before it (the
+    # second kill here can land once a generation without the first victim has begun).
+    assert all(f["detected_ms"] is None or f["detected_ms"] > 0 for f in run.failures), run.failures
