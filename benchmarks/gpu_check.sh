@@ -9,7 +9,9 @@
 #   3. a live one-worker CUDA run of the GPT example through the service and a worker daemon, with a
 #      SIGKILL mid-iteration, a rejoin, a checkpoint restore and the loss comparison (NCCL refuses
 #      two ranks on one GPU, so one worker is what one GPU can run);
-#   4. the GPT example at the large size profiled on the GPU into a job spec, then planned.
+#   4. the GPT example at the large size profiled on the GPU into a job spec, then planned;
+#   5. rollback snapshots in pinned host memory against GPU memory and none: iteration time and
+#      peak GPU memory (benchmarks/snapshot_gpu.py), at the large size.
 # DEVICE=cpu SMALL=1 WHEELS=0 PY=.venv/bin/python dry-run the same steps on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,7 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 
 step "1. CUDA tests"
 timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/executor/test_gpu.py \
-    tests/executor/test_train_cli.py -k "cuda or timer or nccl" 2>&1 | tail -15 | tee "$OUT/tests.txt"
+    tests/executor/test_train_cli.py::test_cuda_without_a_gpu_per_worker_is_one_clear_line 2>&1 | tail -15 | tee "$OUT/tests.txt"
 
 step "2. B/W split vs one full backward ($DEVICE)"
 RECYCLE_GPT_LAYERS=6 RECYCLE_GPT_WIDTH=256 RECYCLE_GPT_SEQ=128 timeout 150 \
@@ -54,4 +56,8 @@ RECYCLE_GPT_LAYERS=${BIG[0]} RECYCLE_GPT_WIDTH=${BIG[1]} RECYCLE_GPT_SEQ=${BIG[2
     -o "$OUT/gpt_large_job.json" && cat "$OUT/gpt_large_job.json"
 timeout 120 $PY -m cli.main plan "$OUT/gpt_large_job.json" --fail 0:1,3:2 --time-limit 10 --format summary \
     -o "$OUT/gpt_large_plan.json" 2>&1 | tail -12
+
+step "5. rollback snapshots: host (pinned, side stream) vs device vs none ($DEVICE)"
+RECYCLE_GPT_LAYERS=${BIG[0]} RECYCLE_GPT_WIDTH=${BIG[1]} RECYCLE_GPT_SEQ=${BIG[2]} timeout 150 \
+    $PY benchmarks/snapshot_gpu.py --device "$DEVICE" --rounds ${SNAP_ROUNDS:-8} | tee "$OUT/snapshot_gpu.json"
 echo; echo "gpu_check done"

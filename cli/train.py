@@ -131,7 +131,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   token=token, timeout_s=args.timeout, app=args.app,
                                   checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                                   resume=args.resume, stage_lost_wait_s=args.stage_lost_wait,
-                                  device=args.device)
+                                  device=args.device, snapshot_memory=args.snapshot_memory)
             run = _run_with_progress(cluster, args.iterations)
         except (ServiceError, LiveRunError) as exc:
             _err(str(exc))

@@ -136,6 +136,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         service_url=args.service, job_id=job_id, service_token=token,
         rejoin_at=0 if rejoin else None, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, stage_lost_wait_s=args.stage_lost_wait,
+        snapshot_memory=args.snapshot_memory,
     )
     result = Path(args.report or f"{os.environ.get('TMPDIR', '/tmp')}/recycle-worker-{os.getpid()}.pt")
     print(f"recycle worker {worker[0]}:{worker[1]} (pipeline:stage) of job {job_id}: store "
@@ -205,6 +206,10 @@ def checkpoint_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage-lost-wait", type=float, default=600.0, metavar="SECONDS",
                    help="when a stage loses every worker, wait this long for one to rejoin it (then all "
                    "restore the newest checkpoint) before stopping (default 600)")
+    p.add_argument("--snapshot-memory", choices=("host", "device"), default="host",
+                   help="with --device cuda: keep the rollback snapshots (two copies of the stage's "
+                   "parameters and optimizer state) in pinned host memory, copied while the next "
+                   "iteration runs (default), or in GPU memory")
 
 
 def check_checkpoint_options(args: argparse.Namespace) -> None:

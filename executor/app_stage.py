@@ -207,15 +207,33 @@ class ReplicaState:
     """A stage replica's parameters and optimizer state: snapshots for rollback, and the bytes a
     live replica broadcasts to a rejoiner (any optimizer: its own `state_dict`)."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, host_memory: bool = False):
         self.module, self.optimizer = module, optimizer
-        self.snapshots = SnapshotPool()
+        self.snapshots = SnapshotPool(host_memory)
+        self._copying: list[Snapshot] = []
+        """Snapshots whose copy may still be reading the state (a side stream on a GPU)."""
 
     def snapshot(self) -> Snapshot:
-        return self.snapshots.take({"module": self.module.state_dict(),
+        snap = self.snapshots.take({"module": self.module.state_dict(),
                                     "optimizer": self.optimizer.state_dict()})
+        if snap.ready is not None:
+            self._copying.append(snap)
+        return snap
+
+    def before_step(self) -> None:
+        """The optimizer step writes the state in place: it runs after every copy has read it."""
+        for snap in self._copying:
+            snap.before_change()
+        self._copying.clear()
+
+    def settle(self) -> None:
+        """Before the state's tensors are replaced: the host waits for every copy still reading them."""
+        for snap in self._copying:
+            snap.wait()
+        self._copying.clear()
 
     def restore(self, snap: Snapshot) -> None:
+        self.settle()
         # The module copies the values into its parameters; the optimizer may keep the tensors it is
         # given, so it gets its own (the buffers will hold a later snapshot).
         self.module.load_state_dict(snap.rebuild(clone=False)["module"])
@@ -230,6 +248,7 @@ class ReplicaState:
         return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
 
     def load_bytes(self, data: Tensor) -> None:
+        self.settle()
         state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -160,7 +160,8 @@ class LiveCluster:
                  rejoins: list[Rejoin] | None = None, token: str | None = None, agent_reports: bool = True,
                  timeout_s: float = 300.0, operation_timeout_s: float = 60.0, threads: int = 1,
                  app: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-                 resume: bool = False, stage_lost_wait_s: float = 600.0, device: str = "cpu"):
+                 resume: bool = False, stage_lost_wait_s: float = 600.0, device: str = "cpu",
+                 snapshot_memory: str = "host"):
         self.service_url, self.job_id, self.token = service_url, job_id, token
         self.D, self.S, self.M, self.N = pipelines, stages, microbatches, iterations
         self.model, self.data, self.optim = model, data or DataConfig(), optim or OptimConfig()
@@ -168,7 +169,8 @@ class LiveCluster:
         check_faults(pipelines, stages, iterations, self.faults, self.rejoins)
         self.app, self.device = app, device
         self.checkpoint = {"checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
-                           "resume": resume, "stage_lost_wait_s": stage_lost_wait_s}
+                           "resume": resume, "stage_lost_wait_s": stage_lost_wait_s,
+                           "snapshot_memory": snapshot_memory}
         if app is None:
             model.stage_layers(stages)
         self.agent_reports, self.timeout_s = agent_reports, timeout_s

@@ -199,9 +199,7 @@ class Daemon:
         log(self.name, f"generation {gen}: groups ready")
         if restored is None and any(at[w] < 0 for w in stage):
             holders = [w for w in stage if at[w] >= 0]
-            worker.share_state(groups, holders[0])
-            worker.runner.drop_in_flight()
-            worker.completed = restart
+            worker.share_state(groups, holders[0], restart)
             self.has_state = True
             log(self.name, f"stage state copied from {list(holders[0])}")
         worker.attach(groups, stream, a.get("iteration_ms") or 0.0)

@@ -51,8 +51,10 @@ RECV_WINDOW = 4
 
 
 SNAPSHOTS_KEPT = 2
-"""Pre-step states kept for rollback: a worker is at most one iteration ahead of the slowest peer
-when a generation changes, so rolling back needs the last one or two."""
+"""States kept for rollback, each taken when the replica reached it (after a step, a restore or a
+copy from a peer): a worker is at most one iteration ahead of the slowest peer when a generation
+changes (a stage starts iteration k + 1 only after its own step k, and the last stage finishes
+k + 1 only after stage 0 started it), so after n steps the rollback target is n or n - 1."""
 
 
 class Worker:
@@ -74,7 +76,8 @@ class Worker:
         self.module = build_stage(self.app, self.s, spec.stages).to(self.device)
         self.runner = AppStageRunner(self.module, self.app, self.s, spec.stages, scale)
         self.optimizer = self.app.optimizer(self.module.parameters())
-        self.replica = ReplicaState(self.module, self.optimizer)
+        self.replica = ReplicaState(self.module, self.optimizer,
+                                    host_memory=self.device.type == "cuda" and spec.snapshot_memory == "host")
         """Snapshots for rollback and the bytes a rejoining replica receives (any optimizer)."""
         self.completed = 0
         """Optimizer steps taken: the replica holds the state after iterations 0..completed-1."""
@@ -107,8 +110,9 @@ class Worker:
                         else pause_positions([ins.op for ins in stream.instructions]))
 
     # ------------------------------------------------------------------------- replica state
-    def share_state(self, groups: GenerationGroups, holder: tuple[int, int]) -> None:
-        """Copy `holder`'s parameters and optimizer state to every replica of this stage group."""
+    def share_state(self, groups: GenerationGroups, holder: tuple[int, int], completed: int) -> None:
+        """Copy `holder`'s parameters and optimizer state, after `completed` steps, to every replica
+        of this stage group."""
         data = self.replica.to_bytes() if self.spec.worker == holder else torch.empty(0, dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         groups.broadcast(size, holder)
@@ -116,12 +120,23 @@ class Worker:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         groups.broadcast(data, holder)
         self.replica.load_bytes(data)
+        self.runner.drop_in_flight()
+        self.completed = completed
+        self._release_snapshots(lambda k: True)
+        self._keep_snapshot()
 
-    def _snapshot(self) -> Any:
-        return self.replica.snapshot()
+    def _release_snapshots(self, stale: Callable[[int], bool]) -> None:
+        for k in [k for k in self._snapshots if stale(k)]:
+            self.replica.release(self._snapshots.pop(k))
 
-    def _restore(self, snap: Any) -> None:
-        self.replica.restore(snap)
+    def _keep_snapshot(self) -> None:
+        """Snapshot the state the replica has just reached (after `completed` steps), before any
+        of the next iteration's work: the oldest goes first, so its buffers hold the new one (two
+        sets at most). On a GPU the copy runs on a side stream during the next iteration."""
+        if not self.keep_snapshots:
+            return
+        self._release_snapshots(lambda k: k <= self.completed - SNAPSHOTS_KEPT or k >= self.completed)
+        self._snapshots[self.completed] = self.replica.snapshot()
 
     def rollback_to(self, iteration: int) -> None:
         """Drop in-flight work and return to the state after `iteration` steps (from the pre-step
@@ -133,8 +148,9 @@ class Worker:
                 raise RuntimeError(
                     f"worker {list(self.spec.worker)}: cannot roll back from {self.completed} to "
                     f"{iteration} completed iterations (snapshots kept: {sorted(self._snapshots)})")
-            self._restore(snap)
+            self.replica.restore(snap)
             self.completed = iteration
+            self._release_snapshots(lambda k: k > iteration)  # states of the abandoned run
         self._forget_from(iteration)
 
     def _forget_from(self, iteration: int) -> None:
@@ -148,6 +164,7 @@ class Worker:
         initial state (the app's seeded stage, a fresh optimizer) for step 0: how every worker
         continues after a stage lost all its replicas and in-memory state cannot be copied."""
         self.runner.drop_in_flight()
+        self.replica.settle()
         if step > 0:
             from executor.checkpoint import load_stage
 
@@ -155,8 +172,9 @@ class Worker:
             load_stage(Path(self.spec.checkpoint_dir) / f"step-{step}", self.s, self.module, self.optimizer)
         else:
             self._reset_to_initial()
-        self._snapshots.clear()
         self.completed = step
+        self._release_snapshots(lambda k: True)
+        self._keep_snapshot()
         self._forget_from(step)
 
     def _reset_to_initial(self) -> None:
@@ -166,13 +184,12 @@ class Worker:
         self.optimizer.load_state_dict(blank)  # an empty `state`: as if it never stepped
 
     def _step(self, iteration: int) -> None:
-        if self.keep_snapshots:
-            # The oldest goes first, so its buffers hold the new one (two sets at most, not three).
-            for k in [k for k in self._snapshots if k <= iteration - SNAPSHOTS_KEPT]:
-                self.replica.release(self._snapshots.pop(k))
-            self._snapshots[iteration] = self._snapshot()
+        if self.keep_snapshots and iteration not in self._snapshots:
+            self._keep_snapshot()  # none was taken since the replica reached this state
+        self.replica.before_step()
         self.optimizer.step()
         self.completed = iteration + 1
+        self._keep_snapshot()
         every = self.spec.checkpoint_every
         # One replica per stage writes: the lowest alive one of this generation.
         writer = self.groups is None or self.groups.stage_members[0] == self.spec.worker

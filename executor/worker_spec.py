@@ -29,6 +29,10 @@ class WorkerSpec:
     store_port: int = 0
     device: str = "cpu"
     """cpu (gloo) or cuda (NCCL)."""
+    snapshot_memory: str = "host"
+    """Where a GPU worker keeps its rollback snapshots (two sets of its stage's parameters and
+    optimizer state): "host" (pinned memory, copied on a side stream) or "device" (GPU memory, a
+    faster copy). A CPU worker's are in its memory either way."""
     local_rank: int | None = None
     """The GPU index on this node (torchrun's LOCAL_RANK); None: the worker's rank modulo the count."""
     bind_host: str | None = None

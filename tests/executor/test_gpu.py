@@ -75,3 +75,39 @@ def test_a_host_input_reaches_the_gpu_intact_without_blocking_on_queued_kernels(
     assert moved[0].device == device and moved[1]["y"].device == device
     assert torch.equal(moved[0].cpu(), batch[0]) and torch.equal(moved[1]["y"].cpu(), batch[1]["y"])
     assert int((moved[0] + 1).sum()) == int((batch[0] + 1).sum())
+
+
+@needs_cuda
+def test_a_host_snapshot_holds_the_state_it_was_taken_from_though_the_step_is_queued_at_once():
+    """A GPU replica's snapshot lives in pinned host memory and is copied on a side stream; the
+    next step is queued right behind it and must not overwrite the state before the copy read it
+    (`before_step`). A 256 MB state keeps the copy in flight while the step is queued."""
+    from torch import nn
+
+    from executor.app_stage import ReplicaState
+
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    module = nn.Linear(8192, 8192, bias=False).to(device)
+    replica = ReplicaState(module, torch.optim.AdamW(module.parameters(), lr=0.1), host_memory=True)
+
+    def step() -> None:
+        module.weight.grad = torch.randn_like(module.weight)
+        replica.before_step()
+        replica.optimizer.step()
+
+    step()  # the optimizer has its moments from here on
+    torch.cuda.synchronize()
+    taken = {k: v.clone() for k, v in module.state_dict().items()}
+    moments = {k: v.clone() for k, v in replica.optimizer.state_dict()["state"][0].items()}
+    allocated = torch.cuda.memory_allocated(device)
+    snap = replica.snapshot()
+    assert torch.cuda.memory_allocated(device) - allocated < 2**20  # no GPU copy of 3 x 256 MB
+    assert all(b.device.type == "cpu" and b.is_pinned() for b in snap.buffers if b.numel() > 1)
+    step()
+    step()
+    replica.restore(snap)
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in taken.items())
+    got = replica.optimizer.state_dict()["state"][0]
+    assert all(torch.equal(got[k].cpu(), v.cpu()) for k, v in moments.items())
+    assert got["exp_avg"].device == device  # the optimizer moved its restored moments back
