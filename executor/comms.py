@@ -6,9 +6,8 @@ Groups are never made with `init_process_group`: each generation gets its own `P
 That lets survivors build generation n+1 among themselves without restarting, and keeps the only
 device-dependent line (gloo on CPU, NCCL on GPU) in `make_group`.
 
-Every activation or gradient message carries a tag that encodes (iteration, home pipeline,
-micro-batch index, tensor kind), so two messages between the same pair of workers can never be
-matched to the wrong receive, whatever order the plan sends them in.
+Point-to-point messages are matched by order within each pair of workers, as NCCL matches them
+(it ignores tags): the receiver posts in the sender's order (`executor/receives.py`).
 """
 
 from __future__ import annotations
@@ -71,10 +70,6 @@ def interruptible(fn: Callable[[], T], interrupt: threading.Event | None, what: 
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
 
-TENSOR_KINDS = ("activation", "gradient")
-TAG_ITERATION_WINDOW = 64
-"""Tags wrap every this many iterations: a worker is never more than one iteration ahead of a peer
-it exchanges tensors with (the all-reduce of each stage and the P2P chain keep them together)."""
 
 
 @dataclass(frozen=True)
@@ -93,19 +88,6 @@ class Timeouts:
             raise ValueError(
                 f"timeouts: need 0 < operation_s ({self.operation_s}) < group_setup_s ({self.group_setup_s})"
             )
-
-
-def message_tag(iteration: int, home: int, index: int, tensor: str, pipelines: int, microbatches: int) -> int:
-    """A unique non-negative tag below 2**31 for one tensor of one micro-batch."""
-    kind = TENSOR_KINDS.index(tensor)
-    it = iteration % TAG_ITERATION_WINDOW
-    tag = ((it * pipelines + home) * microbatches + index) * len(TENSOR_KINDS) + kind
-    if tag >= 2**31:
-        raise ValueError(
-            f"message tag overflow: {pipelines} pipelines x {microbatches} micro-batches is too large "
-            f"for the tag space; lower TAG_ITERATION_WINDOW"
-        )
-    return tag
 
 
 def torch_device(device: str, local_index: int = 0) -> torch.device:

@@ -17,7 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -29,8 +30,11 @@ from executor.optim import OptimConfig
 from executor.reference import TrainingResult
 from executor.worker_spec import WorkerSpec
 from planner.instructions import instruction_stream
+from planner.simulator import replay
 from planner.solve import plan
 from planner.spec import JobSpec
+from planner.timeline import Op
+from planner.validate import validate
 
 
 class LocalRunError(RuntimeError):
@@ -62,7 +66,10 @@ def train_local(
     data: DataConfig | None = None, optim: OptimConfig | None = None,
     failed: tuple[tuple[int, int], ...] = (), job: JobSpec | None = None, device: str = "cpu",
     threads: int = 1, timeout_s: float = 300.0, operation_timeout_s: float = 60.0,
+    plan_ops: Sequence[Op] | None = None,
 ) -> LocalRun:
+    """Train with `failed` dead from the start on the planner's plan, or on `plan_ops`: a valid
+    plan of the same job and failure set (tests: orders the planner would not choose)."""
     data, optim = data or DataConfig(), optim or OptimConfig()
     if iterations < 1:
         raise ConfigError(f"iterations: must be >= 1, got {iterations}", "iterations")
@@ -71,6 +78,11 @@ def train_local(
     if (job.pipelines, job.stages, job.microbatches) != (pipelines, stages, microbatches):
         raise ConfigError("job: its pipelines/stages/microbatches differ from the run's", "job")
     result = plan(job, failed=tuple(tuple(w) for w in failed), use_cp=False)
+    if plan_ops is not None:
+        problems = validate(job, result.failed, plan_ops)
+        if problems:
+            raise ConfigError(f"plan_ops: not a valid plan of this failure set: {problems[0]}", "plan_ops")
+        result = replace(result, ops=list(plan_ops), iteration_ms=replay(job, plan_ops).iteration_ms)
     dead = {tuple(w) for w in result.failed}
     alive = [(p, s) for p in range(pipelines) for s in range(stages) if (p, s) not in dead]
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,

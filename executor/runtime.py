@@ -5,7 +5,8 @@ c10d store is, the membership generation), builds that generation's groups, and 
 instruction in order:
 
 - RECV: wait for a receive that was posted ahead of time (a small window of receives is kept in
-  flight so transfers overlap compute), tagged by (iteration, home pipeline, index, kind);
+  flight so transfers overlap compute), posted per peer in the sender's order (`executor/receives.py`:
+  NCCL matches by order, not by tag);
 - F / B / W: `AppStageRunner` over the training app's stage (the built-in model is an app too,
   `executor/data.py`); stage 0 loads its inputs and the last stage its targets itself from the
   app's dataset by the contract's addressing, so a re-routed micro-batch needs nothing from its
@@ -20,7 +21,6 @@ instruction in order:
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,10 @@ from executor.app_stage import (
     to_device,
     unpack,
 )
-from executor.comms import GenerationGroups, Interrupted, message_tag, torch_device
+from executor.comms import GenerationGroups, Interrupted, torch_device
 from executor.data import builtin_app
 from executor.fault_points import pause_positions
+from executor.receives import Receives, channel_tag
 from executor.timing import OpTimer
 from executor.worker_spec import WorkerSpec
 from planner.instructions import Instruction, InstructionStream
@@ -197,12 +198,6 @@ class Worker:
             self.checkpoints.save(self.completed, self.module, self.optimizer)
 
     # ------------------------------------------------------------------------------ iteration
-    def _tag(self, iteration: int, ins: Instruction) -> int:
-        assert ins.microbatch is not None and ins.tensor is not None
-        home, index = ins.microbatch
-        spec = self.spec
-        return message_tag(iteration, home, index, ins.tensor.value, spec.pipelines, spec.microbatches)
-
     def run_iteration(self, iteration: int) -> None:
         runner, groups, stream = self.runner, self.groups, self.stream
         assert groups is not None and stream is not None, "attach() a generation first"
@@ -210,41 +205,31 @@ class Worker:
             raise RuntimeError(f"worker {list(self.spec.worker)} holds {self.completed} steps, asked to run "
                                f"iteration {iteration}")
         runner.start_iteration()
-        recvs = [ins for ins in stream.instructions if ins.op == "RECV"]
-        posted: deque[tuple[Instruction, torch.Tensor, Any]] = deque()
-        next_recv = 0
+        def post(ins: Instruction, block: bool) -> tuple[torch.Tensor, Any] | None:
+            buf = self._receive_buffer(ins.tensor.value, block)
+            if buf is None:
+                return None  # the sender's signature is not published yet: post when it is needed
+            return buf, groups.recv(buf, tuple(ins.peer), channel_tag(ins.tensor.value))
 
-        def post_receives(block: bool = False) -> None:
-            nonlocal next_recv
-            while next_recv < len(recvs) and len(posted) < RECV_WINDOW:
-                ins = recvs[next_recv]
-                buf = self._receive_buffer(ins.tensor.value, block and not posted)
-                if buf is None:
-                    return  # the sender's signature is not published yet: post when it is needed
-                posted.append((ins, buf, groups.recv(buf, tuple(ins.peer), self._tag(iteration, ins))))
-                next_recv += 1
-
+        receives = Receives([ins for ins in stream.instructions if ins.op == "RECV"], post, RECV_WINDOW)
         received: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
         outgoing: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
         sends: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
-        post_receives()
+        receives.prefetch()
         for position, ins in enumerate(stream.instructions):
             if position in self._pauses:
                 self.before_phase(iteration, self._pauses[position])
             started = self.timer.start()
             mb = tuple(ins.microbatch) if ins.microbatch is not None else None
             if ins.op == "RECV":
-                if not posted:
-                    post_receives(block=True)
-                posted_ins, buf, work = posted.popleft()
-                assert posted_ins is ins
+                buf, work = receives.take(ins)
                 groups.wait(work, tuple(ins.peer), f"receive of {ins.tensor.value} {list(mb)}")
                 received[(mb, ins.tensor.value)] = self._decode(buf, ins.tensor.value)
-                post_receives()
+                receives.prefetch()
             elif ins.op == "SEND":
                 tensor = outgoing.pop((mb, ins.tensor.value))
                 peer = tuple(ins.peer)
-                sends.append((groups.send(tensor, peer, self._tag(iteration, ins)), tensor, peer))
+                sends.append((groups.send(tensor, peer, channel_tag(ins.tensor.value)), tensor, peer))
             elif ins.op == "F":
                 x = self._load(iteration, mb)[0] if runner.first else received.pop((mb, "activation"))
                 targets = self._load(iteration, mb)[1] if runner.last else None
@@ -266,7 +251,7 @@ class Worker:
         for work, _, peer in sends:
             groups.wait(work, peer, "send")
         self.timer.flush()  # on CUDA: the iteration's kernels are done before its end is stamped
-        if received or outgoing or posted:
+        if received or outgoing or receives.outstanding:
             raise RuntimeError(
                 f"worker {list(self.spec.worker)} iteration {iteration}: stream left "
                 f"{len(received)} received and {len(outgoing)} unsent tensors (plan inconsistent)"

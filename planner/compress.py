@@ -149,26 +149,27 @@ class Expansion:
         return {q: (g, k) for g in self.groups for k, q in enumerate(g.pipelines)}
 
     @cached_property
-    def _runs(self) -> dict[tuple[str, tuple[int, int], int], int]:
-        """(F or B, compressed micro-batch, stage) -> the compressed pipeline that runs it; built once
-        (a service answers every worker's stream from one plan)."""
-        return {(o.kind, o.microbatch, o.worker[1]): g.source
+    def _runs(self) -> dict[tuple[str, tuple[int, int], int], tuple[int, float]]:
+        """(F or B, compressed micro-batch, stage) -> the compressed pipeline that runs it and its
+        start; built once (a service answers every worker's stream from one plan)."""
+        return {(o.kind, o.microbatch, o.worker[1]): (g.source, o.start_ms)
                 for g in self.groups for o in g.ops if o.kind in ("F", "B")}
 
     def locate(self, pipeline: int) -> tuple[Group, int]:
         """The group and copy index that concrete `pipeline` runs."""
         return self._copy_of[pipeline]
 
-    def worker_view(self, worker: Worker) -> tuple[list[Op], dict[tuple[str, tuple[int, int], int], Worker]]:
-        """`worker`'s own ops in order and where the F/B ops it exchanges with run (stages s +- 1),
-        read from the compressed plan without expanding it."""
+    def worker_view(self, worker: Worker) -> tuple[list[Op], dict[tuple[str, tuple[int, int], int], Worker],
+                                                   dict[tuple[str, tuple[int, int], int], float]]:
+        """`worker`'s own ops in order, and where and when the F/B ops it exchanges with run
+        (stages s +- 1), read from the compressed plan without expanding it."""
         from planner.timeline import worker_orders
 
         group, k = self.locate(worker[0])
         runs = self._runs
         single = {g.source: g.pipelines[0] for g in self.groups if len(g.pipelines) == 1}
         own = [o for o in group.ops if o.worker[1] == worker[1]]
-        ops, placement = [], {}
+        ops, placement, starts = [], {}, {}
         for o in own:
             mb = None if o.microbatch is None else group.microbatch(k, o.microbatch)
             ops.append(Op(worker, o.kind, mb, o.start_ms, o.end_ms))
@@ -176,11 +177,13 @@ class Expansion:
                 continue
             for kind in ("F", "B"):
                 for s in (worker[1] - 1, worker[1] + 1):
-                    source = runs.get((kind, o.microbatch, s))
-                    if source is not None:  # a copied group keeps its micro-batches to itself
+                    run = runs.get((kind, o.microbatch, s))
+                    if run is not None:  # a copied group keeps its micro-batches to itself
+                        source, start = run
                         pipe = worker[0] if source == group.source else single[source]
                         placement[(kind, mb, s)] = (pipe, s)
-        return worker_orders(ops).get(worker, []), placement
+                        starts[(kind, mb, s)] = start
+        return worker_orders(ops).get(worker, []), placement, starts
 
 
 class ExpandedOps(Sequence[Op]):

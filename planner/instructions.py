@@ -45,6 +45,11 @@ class Instruction(BaseModel):
         default=None, description="ALLREDUCE: the alive workers of this stage, in pipeline order."
     )
     planned_start_ms: float | None = None
+    seq: int | None = Field(
+        default=None, description="RECV: this message's place (from 0) among those the peer sends "
+        "this worker of this tensor kind in the iteration, in the peer's order. A transport that "
+        "matches messages in the order they were sent, not by tag (NCCL), must post receives in "
+        "this order; the stream's own order is when each is needed.")
 
 
 class InstructionStream(BaseModel):
@@ -84,14 +89,16 @@ def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: Seque
     if worker in dead:
         raise ValueError(f"worker {list(worker)} is in the failure set and runs nothing")
     if isinstance(ops, ExpandedOps):  # a compressed plan: read from it, never expanded
-        own, placement = ops.expansion.worker_view(worker)
+        own, placement, starts = ops.expansion.worker_view(worker)
     else:
-        own, placement = worker_orders(ops).get(worker, []), {}
+        own, placement, starts = worker_orders(ops).get(worker, []), {}, {}
         for op in ops:
             if op.microbatch is not None and op.kind in ("F", "B"):
-                placement[(op.kind, op.microbatch, op.worker[1])] = op.worker
+                key = (op.kind, op.microbatch, op.worker[1])
+                placement[key], starts[key] = op.worker, op.start_ms
     peers = [(q, s) for q in range(job.pipelines) if (q, s) not in dead]
     recv, send = transfers if transfers is not None else stage_transfers(job)
+    seq = _send_order(own, recv, s, placement, starts)
     out: list[str] = []
     add = out.append
     for op in own:
@@ -101,7 +108,8 @@ def instruction_stream_json(job: JobSpec, failed: tuple[Worker, ...], ops: Seque
             continue
         need = recv.get((op.kind, s))
         if need is not None:
-            add(_fragment("RECV", mb, placement[(need.source, mb, need.source_stage)], _TENSOR[need.source]))
+            source = (need.source, mb, need.source_stage)
+            add(_fragment("RECV", mb, placement[source], _TENSOR[need.source], seq=seq[source]))
         add(_fragment(op.kind, mb, start=op.start_ms))
         for n in send.get((op.kind, s), ()):
             add(_fragment("SEND", mb, placement[(n.kind, mb, n.stage)], _TENSOR[op.kind]))
@@ -113,16 +121,31 @@ _TENSOR = {"F": Tensor.ACTIVATION.value, "B": Tensor.GRADIENT.value}
 """What a stage-boundary transfer out of an op of this kind carries."""
 
 
+def _send_order(own: list[Op], recv: dict, s: int, placement: dict, starts: dict) -> dict:
+    """Each received message's place in its sender's order: a sender sends right after the op
+    that makes the tensor, and one worker's F's (B's) start at distinct times (positive costs,
+    rule 4), so the place is the rank of that op's start among the messages of one channel
+    (sender, producing kind) that this worker receives."""
+    channels: dict[tuple, list[tuple[float, tuple]]] = {}
+    for op in own:
+        need = recv.get((op.kind, s))
+        if need is not None:
+            source = (need.source, op.microbatch, need.source_stage)
+            channels.setdefault((placement[source], need.source), []).append((starts[source], source))
+    return {source: i for messages in channels.values() for i, (_, source) in enumerate(sorted(messages))}
+
+
 def _pairs(ws) -> str:
     return "[" + ",".join(f"[{w[0]},{w[1]}]" for w in ws) + "]"
 
 
-def _fragment(op: str, microbatch=None, peer=None, tensor=None, group=None, start=None) -> str:
+def _fragment(op: str, microbatch=None, peer=None, tensor=None, group=None, start=None, seq=None) -> str:
     """One `Instruction` as JSON text, every field in the model's order."""
     mb = "null" if microbatch is None else f"[{microbatch[0]},{microbatch[1]}]"
     pr = "null" if peer is None else f"[{peer[0]},{peer[1]}]"
     tn = "null" if tensor is None else f'"{tensor}"'
     gr = "null" if group is None else _pairs(group)
     st = "null" if start is None else json.dumps(start)
+    sq = "null" if seq is None else str(seq)
     return (f'{{"op":"{op}","microbatch":{mb},"peer":{pr},"tensor":{tn},"group":{gr},'
-            f'"planned_start_ms":{st}}}')
+            f'"planned_start_ms":{st},"seq":{sq}}}')

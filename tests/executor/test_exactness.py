@@ -60,3 +60,38 @@ def test_training_equals_single_process(references, pipelines, stages, failed):
 def test_a_stage_with_no_survivor_is_refused_before_anything_starts():
     with pytest.raises(SpecError, match="stage 1"):
         train_local(2, 2, 2, 1, tiny(2), failed=((0, 1), (1, 1)))
+
+
+def _out_of_send_order(job, failed, ops) -> int:
+    """Receives that come in another order than their sender sends them (from the two ends'
+    streams): what NCCL, which matches a pair's messages by order, would pair wrongly."""
+    from planner.instructions import instruction_stream
+
+    dead = set(failed)
+    alive = [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]
+    sent, received = {}, {}
+    for w in alive:
+        for ins in instruction_stream(job, tuple(failed), ops, w).instructions:
+            if ins.op == "SEND":
+                sent.setdefault((w, ins.peer), []).append(ins.microbatch)
+            elif ins.op == "RECV":
+                received.setdefault((ins.peer, w), []).append(ins.microbatch)
+    return sum(a != b for k in sent for a, b in zip(sent[k], received[k], strict=True))
+
+
+def test_a_plan_that_receives_out_of_send_order_trains_exactly(references):
+    """Workers match a pair's messages by order (as NCCL does, tags ignored) and post receives in
+    the sender's order. A random valid plan whose workers consume micro-batches in another order
+    than their peers produce them must still train exactly."""
+    import random
+
+    from executor.local import uniform_job
+    from tests.planner.random_plans import random_plan
+
+    failed = ((1, 1),)
+    job = uniform_job(2, 2, MICROBATCHES)
+    plans = (random_plan(job, list(failed), random.Random(seed), stay_home=0.3) for seed in range(40))
+    ops = next(p for p in plans if p is not None and _out_of_send_order(job, failed, p) >= 2)
+    run = train_local(2, 2, MICROBATCHES, ITERATIONS, tiny(2), failed=failed, job=job, plan_ops=ops,
+                      timeout_s=240, operation_timeout_s=60)
+    assert_same_training(run, references(2, 2))

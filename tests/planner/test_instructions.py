@@ -77,3 +77,48 @@ def test_json_fast_path_equals_the_pydantic_model(result):
 def test_a_failed_worker_has_no_stream(result):
     with pytest.raises(ValueError, match="failure set"):
         instruction_stream(JOB, result.failed, result.ops, (1, 1))
+
+
+def _send_orders(job, failed, ops) -> dict:
+    """(sender, receiver, tensor) -> the micro-batches in the order the sender's stream sends them."""
+    orders: dict = {}
+    dead = set(failed)
+    for worker in [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]:
+        for ins in instruction_stream(job, tuple(failed), ops, worker).instructions:
+            if ins.op == "SEND":
+                orders.setdefault((worker, ins.peer, ins.tensor), []).append(ins.microbatch)
+    return orders
+
+
+def _check_seq(job, failed, ops) -> int:
+    """Every RECV's `seq` is its message's place in the sender's own stream; returns how many
+    receives come in another order than their sender's (a plan that is not FIFO per pair)."""
+    sends = _send_orders(job, failed, ops)
+    out_of_order = 0
+    dead = set(failed)
+    for worker in [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]:
+        seen: dict = {}
+        for ins in instruction_stream(job, tuple(failed), ops, worker).instructions:
+            if ins.op == "RECV":
+                channel = (ins.peer, worker, ins.tensor)
+                assert ins.seq == sends[channel].index(ins.microbatch), (worker, ins)
+                out_of_order += ins.seq != seen.get(channel, 0)
+                seen[channel] = seen.get(channel, 0) + 1
+    return out_of_order
+
+
+def test_seq_is_each_messages_place_in_its_senders_order(result):
+    """NCCL matches a pair's messages in send order, so a receiver must post in the sender's
+    order, which it learns from `seq`. Derived here from the sender's own stream, on the planner's
+    plan and on random valid plans, whose orders are arbitrary (some receive out of send order)."""
+    import random
+
+    from tests.planner.random_plans import random_plan
+
+    assert _check_seq(JOB, FAILED, result.ops) >= 0
+    out_of_order = 0
+    for seed in range(6):
+        ops = random_plan(JOB, list(FAILED), random.Random(seed), stay_home=0.3)
+        if ops is not None:
+            out_of_order += _check_seq(JOB, FAILED, ops)
+    assert out_of_order > 0  # the random plans did exercise receives out of send order
