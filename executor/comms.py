@@ -7,7 +7,12 @@ That lets survivors build generation n+1 among themselves without restarting, an
 device-dependent line (gloo on CPU, NCCL on GPU) in `make_group`.
 
 Point-to-point messages are matched by order within each pair of workers, as NCCL matches them
-(it ignores tags): the receiver posts in the sender's order (`executor/receives.py`).
+(it ignores tags): the receiver posts in the sender's order (`executor/receives.py`). On a GPU
+gradients travel in a P2P group of their own (`GenerationGroups.p2p_back`): NCCL runs a pair's
+sends and receives on one stream in the order they were issued, so a worker that queues an
+activation send to a peer before a gradient receive from it, while the peer queues its gradient
+send before that activation's receive (1F1B does exactly this), would block both for good once the
+tensors pass NCCL's eager limit.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import torch.distributed as dist
 
 Worker = tuple[int, int]
 T = TypeVar("T")
+
+TENSOR_KINDS = ("activation", "gradient")
+"""What P2P carries; each kind is its own channel (tag, and on a GPU its own group)."""
 
 POLL_S = 0.05
 """How often a blocked worker looks at the generation event (well below the 2 s detection bar)."""
@@ -137,9 +145,15 @@ class GenerationGroups:
         self.rank_of = {w: i for i, w in enumerate(self.alive)}
         prefix = dist.PrefixStore(f"gen{generation}", store)
         self.p2p: dist.ProcessGroup | None = None
+        self.p2p_back: dist.ProcessGroup | None = None
+        """Gradients' group: its own on a GPU (see the module's docstring), else `p2p`."""
         if len(self.alive) > 1:
             self.p2p = make_group(
                 dist.PrefixStore("p2p", prefix), self.rank_of[worker], len(self.alive),
+                timeouts.group_setup_s, device, bind_host,
+            )
+            self.p2p_back = self.p2p if device != "cuda" else make_group(
+                dist.PrefixStore("p2p-back", prefix), self.rank_of[worker], len(self.alive),
                 timeouts.group_setup_s, device, bind_host,
             )
         self.operation_timeout = datetime.timedelta(seconds=timeouts.operation_s)
@@ -151,13 +165,19 @@ class GenerationGroups:
                 len(self.stage_members), timeouts.group_setup_s, device, bind_host,
             )
 
-    def send(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
-        assert self.p2p is not None
-        return self._post(lambda: self.p2p.send([tensor], self.rank_of[peer], tag), peer, "send")
+    def _channel(self, kind: str) -> tuple[dist.ProcessGroup, int]:
+        """The group and tag of one kind of tensor: matched by order within it, never by tag."""
+        group = self.p2p if kind == "activation" else self.p2p_back
+        assert group is not None
+        return group, TENSOR_KINDS.index(kind)
 
-    def recv(self, tensor: torch.Tensor, peer: Worker, tag: int) -> dist.Work:
-        assert self.p2p is not None
-        return self._post(lambda: self.p2p.recv([tensor], self.rank_of[peer], tag), peer, "receive")
+    def send(self, tensor: torch.Tensor, peer: Worker, kind: str) -> dist.Work:
+        group, tag = self._channel(kind)
+        return self._post(lambda: group.send([tensor], self.rank_of[peer], tag), peer, "send")
+
+    def recv(self, tensor: torch.Tensor, peer: Worker, kind: str) -> dist.Work:
+        group, tag = self._channel(kind)
+        return self._post(lambda: group.recv([tensor], self.rank_of[peer], tag), peer, "receive")
 
     def _post(self, fn: Callable[[], dist.Work], peer: Worker | None, what: str) -> dist.Work:
         """Posting an operation can fail at once (gloo raises when the pair's connection is already

@@ -8,7 +8,7 @@ Each RECV instruction carries `seq`, its place in the sender's order on that cha
 per ordered pair of workers: stages differ by one, so it carries activations or gradients, never
 both); receives are posted channel by channel in that order, and a message that arrives before it
 is needed waits in its buffer. gloo runs the same way (one tag per tensor kind, FIFO per peer and
-tag), so the CPU tests run the GPU's matching.
+tag: `executor/comms.py`), so the CPU tests run the GPU's matching.
 """
 
 from __future__ import annotations
@@ -17,14 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from planner.instructions import Instruction
-
-TENSOR_KINDS = ("activation", "gradient")
-
-
-def channel_tag(tensor: str) -> int:
-    """The tag of every message of one kind: matching is by order within a channel, not by tag."""
-    return TENSOR_KINDS.index(tensor)
-
 
 Key = tuple[tuple[int, int], str]
 """A received message by what it is: (micro-batch, tensor kind); unique within one iteration."""

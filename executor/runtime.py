@@ -42,7 +42,7 @@ from executor.app_stage import (
 from executor.comms import GenerationGroups, Interrupted, torch_device
 from executor.data import builtin_app
 from executor.fault_points import pause_positions
-from executor.receives import Receives, channel_tag
+from executor.receives import Receives
 from executor.timing import OpTimer
 from executor.worker_spec import WorkerSpec
 from planner.instructions import Instruction, InstructionStream
@@ -209,7 +209,7 @@ class Worker:
             buf = self._receive_buffer(ins.tensor.value, block)
             if buf is None:
                 return None  # the sender's signature is not published yet: post when it is needed
-            return buf, groups.recv(buf, tuple(ins.peer), channel_tag(ins.tensor.value))
+            return buf, groups.recv(buf, tuple(ins.peer), ins.tensor.value)
 
         receives = Receives([ins for ins in stream.instructions if ins.op == "RECV"], post, RECV_WINDOW)
         received: dict[tuple[tuple[int, int], str], torch.Tensor] = {}
@@ -229,7 +229,7 @@ class Worker:
             elif ins.op == "SEND":
                 tensor = outgoing.pop((mb, ins.tensor.value))
                 peer = tuple(ins.peer)
-                sends.append((groups.send(tensor, peer, channel_tag(ins.tensor.value)), tensor, peer))
+                sends.append((groups.send(tensor, peer, ins.tensor.value), tensor, peer))
             elif ins.op == "F":
                 x = self._load(iteration, mb)[0] if runner.first else received.pop((mb, "activation"))
                 targets = self._load(iteration, mb)[1] if runner.last else None
