@@ -40,14 +40,13 @@ class Receives:
             # plan is FIFO on every channel, as every plan was before the field existed.
             order = ins.seq if ins.seq is not None else position
             channels.setdefault((tuple(ins.peer), ins.tensor.value), []).append((order, position, ins))
-        self._channel: dict[Key, tuple[list[Instruction], int]] = {}
-        self._lanes: dict[tuple, list[Instruction]] = {}
-        for name, entries in channels.items():
-            lane = [ins for _, _, ins in sorted(entries, key=lambda e: (e[0], e[1]))]
-            self._lanes[name] = lane
-            for i, ins in enumerate(lane):
-                self._channel[_key(ins)] = (lane, i)
-        self._posted_in: dict[int, int] = {id(lane): 0 for lane in self._lanes.values()}
+        self._lanes = {name: [ins for _, _, ins in sorted(entries, key=lambda e: e[:2])]
+                       for name, entries in channels.items()}
+        """Per channel (peer, tensor kind): its receives in the sender's order."""
+        self._place: dict[Key, tuple[tuple, int]] = {
+            _key(ins): (name, i) for name, lane in self._lanes.items() for i, ins in enumerate(lane)}
+        self._posted_in = dict.fromkeys(self._lanes, 0)
+        """Per channel: how many of its receives are posted."""
         self._posted: dict[Key, Any] = {}
         self._next = 0
 
@@ -58,22 +57,22 @@ class Receives:
 
     def _post_through(self, ins: Instruction, block: bool) -> bool:
         """Post every receive of `ins`'s channel up to and including it, in the sender's order."""
-        lane, index = self._channel[_key(ins)]
-        while self._posted_in[id(lane)] <= index:
-            nxt = lane[self._posted_in[id(lane)]]
+        name, index = self._place[_key(ins)]
+        while self._posted_in[name] <= index:
+            nxt = self._lanes[name][self._posted_in[name]]
             handle = self._post(nxt, block)
             if handle is None:
                 return False
             self._posted[_key(nxt)] = handle
-            self._posted_in[id(lane)] += 1
+            self._posted_in[name] += 1
         return True
 
     def prefetch(self) -> None:
         """Post ahead, in the order the stream needs the messages, while fewer than `window` wait."""
         while self._next < len(self._needed) and len(self._posted) < self._window:
             ins = self._needed[self._next]
-            lane, index = self._channel[_key(ins)]
-            if self._posted_in[id(lane)] <= index and not self._post_through(ins, block=False):
+            name, index = self._place[_key(ins)]
+            if self._posted_in[name] <= index and not self._post_through(ins, block=False):
                 return
             self._next += 1
 
