@@ -135,7 +135,7 @@ class GenerationGroups:
     def __init__(
         self, store: dist.Store, generation: int, alive: list[Worker], worker: Worker,
         timeouts: Timeouts, device: str, interrupt: threading.Event | None = None,
-        bind_host: str | None = None,
+        bind_host: str | None = None, gradient_group: bool | None = None,
     ):
         if worker not in alive:
             raise ValueError(f"worker {list(worker)} is not in generation {generation}'s alive set")
@@ -152,7 +152,8 @@ class GenerationGroups:
                 dist.PrefixStore("p2p", prefix), self.rank_of[worker], len(self.alive),
                 timeouts.group_setup_s, device, bind_host,
             )
-            self.p2p_back = self.p2p if device != "cuda" else make_group(
+            own_group = device == "cuda" if gradient_group is None else gradient_group
+            self.p2p_back = self.p2p if not own_group else make_group(
                 dist.PrefixStore("p2p-back", prefix), self.rank_of[worker], len(self.alive),
                 timeouts.group_setup_s, device, bind_host,
             )

@@ -188,7 +188,7 @@ class Daemon:
         gen_store = connect_store(spec.store_host, spec.store_port, self.timeouts.group_setup_s)
         groups = interruptible(
             lambda: GenerationGroups(gen_store, gen, alive, spec.worker, self.timeouts, spec.device,
-                                     interrupt, spec.bind_host),
+                                     interrupt, spec.bind_host, spec.gradient_group),
             interrupt, f"generation {gen} group setup")
         if restored is not None:
             worker.restore_checkpoint(restored)

@@ -66,7 +66,7 @@ def train_local(
     data: DataConfig | None = None, optim: OptimConfig | None = None,
     failed: tuple[tuple[int, int], ...] = (), job: JobSpec | None = None, device: str = "cpu",
     threads: int = 1, timeout_s: float = 300.0, operation_timeout_s: float = 60.0,
-    plan_ops: Sequence[Op] | None = None,
+    plan_ops: Sequence[Op] | None = None, gradient_group: bool | None = None,
 ) -> LocalRun:
     """Train with `failed` dead from the start on the planner's plan, or on `plan_ops`: a valid
     plan of the same job and failure set (tests: orders the planner would not choose)."""
@@ -96,7 +96,7 @@ def train_local(
                     iterations=iterations, generation=0, alive=alive,
                     stream=instruction_stream(job, result.failed, result.ops, w).model_dump(mode="json"),
                     model=model.to_json(), data=data.__dict__, optim=optim.to_json(),
-                    store_port=store.port, device=device, threads=threads,
+                    store_port=store.port, device=device, threads=threads, gradient_group=gradient_group,
                     operation_timeout_s=operation_timeout_s,
                     group_setup_timeout_s=max(2 * operation_timeout_s, 30.0),
                 )

@@ -51,7 +51,8 @@ def worker_main(spec_json: str, result_path: str) -> int:
     try:
         timeouts = Timeouts(spec.operation_timeout_s, spec.group_setup_timeout_s)
         store = connect_store(spec.store_host, spec.store_port, timeouts.group_setup_s)
-        groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device)
+        groups = GenerationGroups(store, spec.generation, spec.alive, spec.worker, timeouts, spec.device,
+                                  gradient_group=spec.gradient_group)
         worker = Worker(spec)
         worker.signature_store = store
         worker.attach(groups, InstructionStream.model_validate(spec.stream))

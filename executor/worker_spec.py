@@ -29,6 +29,9 @@ class WorkerSpec:
     store_port: int = 0
     device: str = "cpu"
     """cpu (gloo) or cuda (NCCL)."""
+    gradient_group: bool | None = None
+    """P2P gradients in a process group of their own, as on a GPU (docs/design.md); None: on cuda
+    only. Tests set it on the CPU to run the GPU's grouping with gloo."""
     snapshot_memory: str = "host"
     """Where a GPU worker keeps its rollback snapshots (two sets of its stage's parameters and
     optimizer state): "host" (pinned memory, copied on a side stream) or "device" (GPU memory, a

@@ -79,10 +79,12 @@ def _out_of_send_order(job, failed, ops) -> int:
     return sum(a != b for k in sent for a, b in zip(sent[k], received[k], strict=True))
 
 
-def test_a_plan_that_receives_out_of_send_order_trains_exactly(references):
+@pytest.mark.parametrize("gradient_group", [False, True], ids=["one-p2p-group", "gradients-apart"])
+def test_a_plan_that_receives_out_of_send_order_trains_exactly(references, gradient_group):
     """Workers match a pair's messages by order (as NCCL does, tags ignored) and post receives in
     the sender's order. A random valid plan whose workers consume micro-batches in another order
-    than their peers produce them must still train exactly."""
+    than their peers produce them must still train exactly, with gradients in the activations'
+    P2P group (gloo's way) or in one of their own (the GPU's way, run here with gloo)."""
     import random
 
     from executor.local import uniform_job
@@ -93,5 +95,5 @@ def test_a_plan_that_receives_out_of_send_order_trains_exactly(references):
     plans = (random_plan(job, list(failed), random.Random(seed), stay_home=0.3) for seed in range(40))
     ops = next(p for p in plans if p is not None and _out_of_send_order(job, failed, p) >= 2)
     run = train_local(2, 2, MICROBATCHES, ITERATIONS, tiny(2), failed=failed, job=job, plan_ops=ops,
-                      timeout_s=240, operation_timeout_s=60)
+                      timeout_s=240, operation_timeout_s=60, gradient_group=gradient_group)
     assert_same_training(run, references(2, 2))
