@@ -1,4 +1,4 @@
-"""Process groups per membership generation, and the message tags of the P2P traffic.
+"""Process groups per membership generation, and how P2P traffic is matched.
 
 Groups are never made with `init_process_group`: each generation gets its own `PrefixStore`
 (`gen{n}/p2p` for the one global group, `gen{n}/stage{s}` for each stage's all-reduce group) on a

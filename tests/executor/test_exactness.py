@@ -1,9 +1,10 @@
 """Distributed training with re-routed micro-batches is the same math as one process.
 
-Each case starts real worker processes (gloo on CPU, tagged isend/irecv, per-stage all-reduce) on
-the planner's instruction streams. Failed workers are absent from the start (a static failure set):
-their micro-batches run on same-stage peers, crossing pipelines, and the losses and final
-parameters must equal a plain single-process training on the same global batches.
+Each case starts real worker processes (gloo on CPU, isend/irecv matched by order per peer,
+per-stage all-reduce) on the planner's instruction streams. Failed workers are absent from the
+start (a static failure set): their micro-batches run on same-stage peers, crossing pipelines,
+and the losses and final parameters must equal a plain single-process training on the same
+global batches.
 """
 
 from __future__ import annotations
