@@ -185,7 +185,7 @@ class Worker:
         self.optimizer.load_state_dict(blank)  # an empty `state`: as if it never stepped
 
     def _step(self, iteration: int) -> None:
-        if self.keep_snapshots and iteration not in self._snapshots:
+        if iteration not in self._snapshots:
             self._keep_snapshot()  # none was taken since the replica reached this state
         self.replica.before_step()
         self.optimizer.step()
@@ -205,6 +205,7 @@ class Worker:
             raise RuntimeError(f"worker {list(self.spec.worker)} holds {self.completed} steps, asked to run "
                                f"iteration {iteration}")
         runner.start_iteration()
+
         def post(ins: Instruction, block: bool) -> tuple[torch.Tensor, Any] | None:
             buf = self._receive_buffer(ins.tensor.value, block)
             if buf is None:

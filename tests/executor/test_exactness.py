@@ -66,18 +66,10 @@ def test_a_stage_with_no_survivor_is_refused_before_anything_starts():
 def _out_of_send_order(job, failed, ops) -> int:
     """Receives that come in another order than their sender sends them (from the two ends'
     streams): what NCCL, which matches a pair's messages by order, would pair wrongly."""
-    from planner.instructions import instruction_stream
+    from tests.planner.random_plans import channel_orders
 
-    dead = set(failed)
-    alive = [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]
-    sent, received = {}, {}
-    for w in alive:
-        for ins in instruction_stream(job, tuple(failed), ops, w).instructions:
-            if ins.op == "SEND":
-                sent.setdefault((w, ins.peer), []).append(ins.microbatch)
-            elif ins.op == "RECV":
-                received.setdefault((ins.peer, w), []).append(ins.microbatch)
-    return sum(a != b for k in sent for a, b in zip(sent[k], received[k], strict=True))
+    sent, received = channel_orders(job, failed, ops)
+    return sum(mb != ins.microbatch for k in sent for mb, ins in zip(sent[k], received[k], strict=True))
 
 
 @pytest.mark.parametrize("gradient_group", [False, True], ids=["one-p2p-group", "gradients-apart"])

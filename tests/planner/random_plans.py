@@ -5,6 +5,8 @@ Nothing here uses the planner's schedulers or its simulator:
   rule 1), then one op at a time, a random worker places a random op whose inputs are already placed,
   as early as rules 3, 4 and 6 allow (memory counted exactly as rule 6 says, with `activation_w_mb`
   after B). The validator must accept every plan it returns (the tests assert so).
+- `channel_orders` reads, per sender-receiver channel, the order of SENDs and RECVs from the two
+  ends' instruction streams (what a transport that matches messages by order must reconcile).
 - `max_cycle_mean` computes a plan's steady-state period as the largest cycle mean of the
   worker-to-worker max-plus matrix (Karp's algorithm), from a plain longest-path sweep of one
   iteration: a second method beside the simulator's iterated replay.
@@ -180,3 +182,22 @@ def max_cycle_mean(job: JobSpec, ops: list[Op]) -> float:
         worst = min((Dk[n][v] - Dk[k][v]) / (n - k) for k in range(n) if Dk[k][v] > neg)
         best = max(best, worst)
     return best
+
+
+def channel_orders(job: JobSpec, failed, ops) -> tuple[dict, dict]:
+    """Per channel (sender, receiver, tensor kind), from both ends' instruction streams: the
+    micro-batches in the order the sender's stream sends them, and the receiver's RECV
+    instructions in the order its stream needs them."""
+    from planner.instructions import instruction_stream
+
+    failed = tuple(map(tuple, failed))
+    sent: dict = {}
+    received: dict = {}
+    for w in [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in set(failed)]:
+        for ins in instruction_stream(job, failed, ops, w).instructions:
+            if ins.op == "SEND":
+                sent.setdefault((w, ins.peer, ins.tensor), []).append(ins.microbatch)
+            elif ins.op == "RECV":
+                received.setdefault((ins.peer, w, ins.tensor), []).append(ins)
+    return sent, received
+

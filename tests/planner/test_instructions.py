@@ -79,31 +79,17 @@ def test_a_failed_worker_has_no_stream(result):
         instruction_stream(JOB, result.failed, result.ops, (1, 1))
 
 
-def _send_orders(job, failed, ops) -> dict:
-    """(sender, receiver, tensor) -> the micro-batches in the order the sender's stream sends them."""
-    orders: dict = {}
-    dead = set(failed)
-    for worker in [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]:
-        for ins in instruction_stream(job, tuple(failed), ops, worker).instructions:
-            if ins.op == "SEND":
-                orders.setdefault((worker, ins.peer, ins.tensor), []).append(ins.microbatch)
-    return orders
-
-
 def _check_seq(job, failed, ops) -> int:
     """Every RECV's `seq` is its message's place in the sender's own stream; returns how many
     receives come in another order than their sender's (a plan that is not FIFO per pair)."""
-    sends = _send_orders(job, failed, ops)
+    from tests.planner.random_plans import channel_orders
+
+    sent, received = channel_orders(job, failed, ops)
     out_of_order = 0
-    dead = set(failed)
-    for worker in [(p, s) for p in range(job.pipelines) for s in range(job.stages) if (p, s) not in dead]:
-        seen: dict = {}
-        for ins in instruction_stream(job, tuple(failed), ops, worker).instructions:
-            if ins.op == "RECV":
-                channel = (ins.peer, worker, ins.tensor)
-                assert ins.seq == sends[channel].index(ins.microbatch), (worker, ins)
-                out_of_order += ins.seq != seen.get(channel, 0)
-                seen[channel] = seen.get(channel, 0) + 1
+    for channel, recvs in received.items():
+        for i, ins in enumerate(recvs):
+            assert ins.seq == sent[channel].index(ins.microbatch), (channel, ins)
+            out_of_order += ins.seq != i
     return out_of_order
 
 
