@@ -26,6 +26,12 @@ _NON_NEGATIVE_FIELDS = (
     "activation_w_mb",
 )
 _POSITIVE_FIELDS = ("forward_ms", "backward_input_ms", "backward_weight_ms")
+MAX_MS = 1e7
+"""Largest time any `*_ms` field may give (2.8 hours for one op). Plans are float milliseconds:
+far larger values overflow the bounds' products (1e308 gave an infinite bound) and leave too few
+digits for the other ops' durations (rule 2 failed at 1e10 beside 0.001 ms ops)."""
+MAX_MB = 1e12
+"""Largest `activation_mb`, `activation_w_mb` or `memory_limit_mb` (an exabyte), for the same reason."""
 
 
 class SpecError(ValueError):
@@ -86,6 +92,9 @@ class JobSpec(BaseModel):
                     raise ValueError(f"{where}: must be > 0, got {v}")
                 if v < 0:
                     raise ValueError(f"{where}: must be >= 0, got {v}")
+                most, unit = (MAX_MB, "MB") if name.endswith("_mb") else (MAX_MS, "ms")
+                if v > most:
+                    raise ValueError(f"{where}: must be at most {most:g} {unit}, got {v:g}")
         if self.activation_w_mb is not None:
             full = _per_stage(self.activation_mb, self.stages)
             for i, (w, a) in enumerate(zip(_per_stage(self.activation_w_mb, self.stages), full, strict=True)):
@@ -98,6 +107,8 @@ class JobSpec(BaseModel):
             # 0 is a limit a job whose activations all take 0 MB meets (its filled-in default).
             if not (limit == limit) or limit in (float("inf"), float("-inf")) or limit < 0:
                 raise ValueError(f"memory_limit_mb: must be a finite number >= 0, got {limit}")
+            if limit > MAX_MB:
+                raise ValueError(f"memory_limit_mb: must be at most {MAX_MB:g} MB, got {limit:g}")
             largest = max(_per_stage(self.activation_mb, self.stages))
             if limit < largest:
                 raise ValueError(

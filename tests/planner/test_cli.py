@@ -162,6 +162,7 @@ def test_precompute_refuses_another_jobs_directory(job_file, tmp_path):
         (["simulate", "{plan}", "--jitter", "1.5"], "--jitter"),
         (["precompute", "{job}", "--max-failures", "-1", "-o", "{tmp}"], "--max-failures"),
         (["precompute", "{job}", "-o", "{tmp}"], "--max-failures"),
+        (["plan", "{huge}"], "microbatches: job too large to plan"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, job_file, plan_file, tmp_path):
@@ -169,7 +170,10 @@ def test_bad_input_is_one_line_and_exit_2(args, message, job_file, plan_file, tm
     bad.write_text("{not json")
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({**JOB, "forward_ms": -1}))
-    names = {"{job}": job_file, "{plan}": plan_file, "{bad}": bad, "{spec}": spec, "{tmp}": tmp_path / "o"}
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({**JOB, "pipelines": 1, "stages": 64, "microbatches": 100_000}))
+    names = {"{job}": job_file, "{plan}": plan_file, "{bad}": bad, "{spec}": spec, "{tmp}": tmp_path / "o",
+             "{huge}": huge}
     done = recycle(*[str(names.get(a, a)) for a in args])
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().split("\n")

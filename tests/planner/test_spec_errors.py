@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.failures import enumerate_failure_classes, normalize, parse_failure_set
-from planner.solve import plan
+from planner.solve import check_plannable, plan
 from planner.spec import JobSpec, SpecError
 
 
@@ -30,6 +30,13 @@ from planner.spec import JobSpec, SpecError
         ({"forward_ms": "10"}, "forward_ms", "valid number"),
         ({"activation_w_mb": 2.0}, "activation_w_mb", "at most activation_mb"),
         ({"activation_w_mb": [0.5, 1.5, 0.5]}, "activation_w_mb", "at most activation_mb"),
+        # Magnitudes floats cannot plan with: 1e308 overflowed the CP-SAT scale (a traceback) and
+        # made bounds infinite; 1e10 beside 0.001 ms ops broke rule 2 by rounding.
+        ({"forward_ms": 1e308}, "forward_ms", "at most 1e+07 ms"),
+        ({"allreduce_ms": [1.0, 2e7, 1.0]}, "allreduce_ms", "at most 1e+07 ms"),
+        ({"activation_mb": [1e308, 1.0, 1.0], "memory_limit_mb": 1e308}, "activation_mb",
+         "at most 1e+12 MB"),
+        ({"memory_limit_mb": 2e12}, "memory_limit_mb", "at most 1e+12 MB"),
     ],
 )
 def test_bad_field_is_named(make_job, changes, field, words):
@@ -60,6 +67,45 @@ def test_bad_failure_set_is_named(small_job, failed, words):
         parse_failure_set(small_job, failed)
     assert words in str(err.value)
     assert err.value.field == "failed"
+
+
+def test_values_at_the_caps_still_plan(make_job):
+    """The caps refuse nothing a plan can hold: 1e7 ms beside 0.01 ms ops, an exabyte of memory."""
+    job = make_job(forward_ms=1e7, backward_weight_ms=0.01, memory_limit_mb=1e12)
+    result = plan(job, [(0, 1)], use_cp=False)  # validated inside: rule 2 holds at this scale
+    assert result.lower_bound_ms <= result.iteration_ms
+
+
+@pytest.mark.timeout(30)  # without the check it plans for hours and eats the machine's memory
+def test_plan_refuses_a_job_too_large_to_plan_before_planning_it():
+    """12 billion F/B/W ops in one pipeline: a clear refusal, not hours of planning (it hung)."""
+    job = JobSpec.parse({"pipelines": 1, "stages": 4096, "microbatches": 1_000_000, "forward_ms": 1.0,
+                         "backward_input_ms": 1.0, "backward_weight_ms": 1.0, "p2p_ms": 0.0,
+                         "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0})
+    with pytest.raises(SpecError, match="job too large to plan: .* over the planner's limit") as err:
+        plan(job)
+    assert err.value.field == "microbatches"
+
+
+def test_the_size_limit_counts_what_is_scheduled_at_once():
+    """A compressed job schedules the damaged pipelines, a receiver and the representative; an
+    uncompressed one every pipeline; a fault-free compressed one a single pipeline."""
+    def job(pipelines, microbatches):
+        return JobSpec.parse({"pipelines": pipelines, "stages": 4, "microbatches": microbatches,
+                              "forward_ms": 1.0, "backward_input_ms": 1.0, "backward_weight_ms": 1.0,
+                              "p2p_ms": 0.0, "allreduce_ms": 0.0, "optimizer_ms": 0.0,
+                              "activation_mb": 1.0})
+
+    per_pipeline_fits, per_pipeline_over = job(1, 33_333), job(1, 33_334)  # 399,996 and 400,008 ops
+    check_plannable(per_pipeline_fits, damaged=0, compressed=False)
+    with pytest.raises(SpecError, match="400,008 to schedule at once"):
+        check_plannable(per_pipeline_over, damaged=0, compressed=False)
+    check_plannable(job(1000, 33_333), damaged=0, compressed=True)  # one pipeline, replicated
+    check_plannable(job(1000, 11_111), damaged=1, compressed=True)  # 3 x 133,332 ops
+    with pytest.raises(SpecError, match=r"\(2 damaged pipelines, a receiver and the representative\)"):
+        check_plannable(job(1000, 11_111), damaged=2, compressed=True)  # 4 x 133,332 ops
+    with pytest.raises(SpecError, match=r"\(4 pipelines\)"):
+        check_plannable(job(4, 11_111), damaged=1, compressed=False)
 
 
 def test_plan_refuses_a_dead_stage(small_job):
