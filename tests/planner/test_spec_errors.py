@@ -97,15 +97,31 @@ def test_the_size_limit_counts_what_is_scheduled_at_once():
                               "activation_mb": 1.0})
 
     per_pipeline_fits, per_pipeline_over = job(1, 33_333), job(1, 33_334)  # 399,996 and 400,008 ops
-    check_plannable(per_pipeline_fits, damaged=0, compressed=False)
+    check_plannable(per_pipeline_fits, (), compressed=False)
     with pytest.raises(SpecError, match="400,008 to schedule at once"):
-        check_plannable(per_pipeline_over, damaged=0, compressed=False)
-    check_plannable(job(1000, 33_333), damaged=0, compressed=True)  # one pipeline, replicated
-    check_plannable(job(1000, 11_111), damaged=1, compressed=True)  # 3 x 133,332 ops
+        check_plannable(per_pipeline_over, (), compressed=False)
+    check_plannable(job(1000, 33_333), (), compressed=True)  # one pipeline, replicated
+    check_plannable(job(1000, 11_111), ((0, 1),), compressed=True)  # 3 x 133,332 ops
     with pytest.raises(SpecError, match=r"\(2 damaged pipelines, a receiver and the representative\)"):
-        check_plannable(job(1000, 11_111), damaged=2, compressed=True)  # 4 x 133,332 ops
+        check_plannable(job(1000, 11_111), ((0, 1), (1, 2)), compressed=True)  # 4 x 133,332 ops
     with pytest.raises(SpecError, match=r"\(4 pipelines\)"):
-        check_plannable(job(4, 11_111), damaged=1, compressed=False)
+        check_plannable(job(4, 11_111), ((0, 1),), compressed=False)
+
+
+def test_plan_refuses_a_job_whose_iteration_outgrows_float_milliseconds():
+    """1e7 ms forwards beside 0.001 ms B and W: at 20,000 micro-batches every B and W came out
+    0.001007 ms long (rule 2, a PlanInvalid traceback); the busiest worker's work says so first."""
+    spec = {"pipelines": 1, "stages": 2, "microbatches": 20_000, "forward_ms": 1e7,
+            "backward_input_ms": 0.001, "backward_weight_ms": 0.001, "p2p_ms": 0.0,
+            "allreduce_ms": 0.0, "optimizer_ms": 0.0, "activation_mb": 1.0}
+    with pytest.raises(SpecError, match="job too long to plan: .* works 2e\\+11 ms") as err:
+        plan(JobSpec.parse(spec))
+    assert err.value.field == "microbatches"
+    # The failure set counts: three pipelines' work on one survivor is three times as long.
+    three = JobSpec.parse({**spec, "pipelines": 3, "microbatches": 4, "forward_ms": 9e6})
+    check_plannable(three, (), compressed=False)  # 4 x 9e6 = 3.6e7 ms
+    with pytest.raises(SpecError, match="works 1.08e\\+08 ms"):
+        check_plannable(three, ((0, 0), (1, 0)), compressed=False)
 
 
 def test_plan_refuses_a_dead_stage(small_job):
