@@ -23,12 +23,13 @@ concrete pipelines that run them) and expands to the full op list only when iter
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import overload
 
-from planner.spec import JobSpec, Worker
+from planner.spec import JobSpec, SpecError, Worker
 from planner.timeline import Op
 
 COMPRESS_MIN_OPS = 250_000
@@ -70,6 +71,48 @@ def can_compress(job: JobSpec, damaged: int) -> bool:
 
 def should_compress(job: JobSpec, damaged: int) -> bool:
     return job.op_count > COMPRESS_MIN_OPS and can_compress(job, damaged)
+
+
+PLANNED_OPS_MAX = 400_000
+"""Most F/B/W ops one plan schedules at once: the whole job, or the compressed job (the damaged
+pipelines, a receiver and the representative). A 1 x 16 x 4096 pipeline (196,640 ops) takes 36 s
+and 2.5 GB to plan fault-free on the 2-core box; far beyond this a plan would run for hours and
+exhaust memory (1 x 4096 x 10^6 is 1.2 x 10^10 ops), so such a job is refused with its reason."""
+BUSIEST_WORK_MS_MAX = 1e8
+"""Most work (ms) the busiest worker may carry in one iteration (27.8 hours). Timelines are float
+milliseconds written to 1e-6 ms: at 1e11 ms a float keeps about 1e-5 ms, and a 1 x 2 x 20,000 job
+of 1e7 ms forwards and 0.001 ms B and W came out with every B and W 0.001007 ms long (rule 2)."""
+
+
+def check_plannable(job: JobSpec, failed: Sequence[Worker] = (), compressed: bool | None = None) -> None:
+    """Raise `SpecError` (naming `microbatches`) when planning `job` with `failed` dead would
+    schedule more than `PLANNED_OPS_MAX` F/B/W ops at once, or when its busiest worker's work alone
+    exceeds `BUSIEST_WORK_MS_MAX` (every plan's iteration is at least that long). `compressed`
+    None: compressed as `planner.solve.plan` decides by default (`should_compress`)."""
+    D, S, M = job.pipelines, job.stages, job.microbatches
+    damaged = len({p for p, _ in failed})
+    if compressed is None:
+        compressed = should_compress(job, damaged)
+    per_pipeline = 3 * S * M
+    pipelines = (min(D, damaged + 2) if damaged else 1) if compressed else D
+    planned = per_pipeline * pipelines
+    if planned > PLANNED_OPS_MAX:
+        scope = (f"{damaged} damaged pipeline{'s' * (damaged != 1)}, a receiver and the representative"
+                 if compressed and damaged else f"{pipelines} pipeline{'s' * (pipelines != 1)}")
+        raise SpecError(
+            f"microbatches: job too large to plan: {S} stages x {M} microbatches x 3 = "
+            f"{per_pipeline:,} F/B/W ops per pipeline, {planned:,} to schedule at once ({scope}), "
+            f"over the planner's limit of {PLANNED_OPS_MAX:,}", field="microbatches")
+    c = job.costs
+    work = [f + b + w for f, b, w in zip(c.forward, c.backward_input, c.backward_weight, strict=True)]
+    dead_at = Counter(s for _, s in set(map(tuple, failed)))
+    busiest = max(  # (a stage without a survivor is refused by `planner.failures.normalize`)
+        (-(-D * M // (D - dead_at[s])) * work[s] for s in range(S) if dead_at[s] < D), default=0.0)
+    if busiest > BUSIEST_WORK_MS_MAX:
+        raise SpecError(
+            f"microbatches: job too long to plan: its busiest worker alone works {busiest:.4g} ms an "
+            f"iteration, over {BUSIEST_WORK_MS_MAX:g} ms, where the timeline's float milliseconds "
+            f"no longer hold its ops' durations to 1e-6 ms", field="microbatches")
 
 
 def with_pipelines(job: JobSpec, pipelines: int) -> JobSpec:

@@ -25,6 +25,7 @@ from planner.compress import (
     ExpandedOps,
     Expansion,
     can_compress,
+    check_plannable,
     dropping_expansion,
     receivers_for,
     replicated_expansion,
@@ -37,7 +38,7 @@ from planner.dropping import dropped_job
 from planner.failures import CanonicalFailure, normalize
 from planner.fault_free import fault_free_plan, replicate
 from planner.simulator import replay
-from planner.spec import JobSpec, SpecError, Worker
+from planner.spec import JobSpec, Worker
 from planner.timeline import TIMELINE_FORMAT, Op, SolverStats, SolveStatus
 from planner.validate import PlanInvalid, validate
 
@@ -353,45 +354,6 @@ def fault_free_single(job: JobSpec) -> JobSpec:
     from planner.fault_free import single_pipeline
 
     return single_pipeline(job)
-
-
-PLANNED_OPS_MAX = 400_000
-"""Most F/B/W ops one plan schedules at once: the whole job, or the compressed job (the damaged
-pipelines, a receiver and the representative). A 1 x 16 x 4096 pipeline (196,640 ops) takes 36 s
-and 2.5 GB to plan fault-free on the 2-core box; far beyond this a plan would run for hours and
-exhaust memory (1 x 4096 x 10^6 is 1.2 x 10^10 ops), so such a job is refused with its reason."""
-BUSIEST_WORK_MS_MAX = 1e8
-"""Most work (ms) the busiest worker may carry in one iteration (27.8 hours). Timelines are float
-milliseconds written to 1e-6 ms: at 1e11 ms a float keeps about 1e-5 ms, and a 1 x 2 x 20,000 job
-of 1e7 ms forwards and 0.001 ms B and W came out with every B and W 0.001007 ms long (rule 2)."""
-
-
-def check_plannable(job: JobSpec, failed: tuple[Worker, ...], compressed: bool) -> None:
-    """Raise `SpecError` (naming `microbatches`) when planning `job` with `failed` dead would
-    schedule more than `PLANNED_OPS_MAX` F/B/W ops at once, or when its busiest worker's work alone
-    exceeds `BUSIEST_WORK_MS_MAX` (every plan's iteration is at least that long)."""
-    D, S, M = job.pipelines, job.stages, job.microbatches
-    damaged = len({p for p, _ in failed})
-    per_pipeline = 3 * S * M
-    pipelines = (min(D, damaged + 2) if damaged else 1) if compressed else D
-    planned = per_pipeline * pipelines
-    if planned > PLANNED_OPS_MAX:
-        scope = (f"{damaged} damaged pipeline{'s' * (damaged != 1)}, a receiver and the representative"
-                 if compressed and damaged else f"{pipelines} pipeline{'s' * (pipelines != 1)}")
-        raise SpecError(
-            f"microbatches: job too large to plan: {S} stages x {M} microbatches x 3 = "
-            f"{per_pipeline:,} F/B/W ops per pipeline, {planned:,} to schedule at once ({scope}), "
-            f"over the planner's limit of {PLANNED_OPS_MAX:,}", field="microbatches")
-    costs, dead = job.costs, set(failed)
-    busiest = max(
-        -(-D * M // sum((p, s) not in dead for p in range(D)))
-        * (costs.forward[s] + costs.backward_input[s] + costs.backward_weight[s])
-        for s in range(S))
-    if busiest > BUSIEST_WORK_MS_MAX:
-        raise SpecError(
-            f"microbatches: job too long to plan: its busiest worker alone works {busiest:.4g} ms an "
-            f"iteration, over {BUSIEST_WORK_MS_MAX:g} ms, where the timeline's float milliseconds "
-            f"no longer hold its ops' durations to 1e-6 ms", field="microbatches")
 
 
 def plan(

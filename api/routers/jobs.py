@@ -14,6 +14,7 @@ from api.schemas import JobList, JobOut
 from api.solver import in_thread
 from api.store import JobRow
 from api.tokens import worker_token
+from planner.compress import check_plannable
 from planner.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"],
@@ -45,6 +46,7 @@ async def create_job(spec: JobSpec, services: ServicesDep, response: Response,
         raise Problem(422, f"microbatches: job too large: 3 x {spec.pipelines} pipelines x {spec.stages} "
                       f"stages x {spec.microbatches} microbatches = {spec.op_count} F/B/W ops per plan, "
                       f"over this service's limit of {limit} (RECYCLE_MAX_PLAN_OPS)", field="microbatches")
+    check_plannable(spec)  # SpecError -> 422: a job no plan could be made for is not stored
     row, replayed = await in_thread(services.store.create_job_once, spec, idempotency_key)
     services.remember_job(row)
     response.headers["Location"] = f"/v1/jobs/{row.id}"

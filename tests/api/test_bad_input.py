@@ -28,6 +28,9 @@ def problem(r: httpx.Response, status: int, field: str | None = "any") -> dict:
     ({**small_job(), "memory_limit_mb": 0.5}, "memory_limit_mb"),
     ({k: v for k, v in small_job().items() if k != "forward_ms"}, "forward_ms"),
     ({**small_job(), "pipelines": 100, "stages": 100, "microbatches": 100}, "microbatches"),  # too big
+    ({**small_job(), "forward_ms": 1e308}, "forward_ms"),  # overflowed the planner (capped at 1e7)
+    # Small enough, but its busiest worker alone works 20 x 1e7 ms: beyond float milliseconds.
+    ({**small_job(), "microbatches": 20, "forward_ms": 1e7}, "microbatches"),
 ])
 def test_bad_job_specs_name_the_field(client, body, field):
     doc = problem(client.post("/v1/jobs", json=body), 422, field)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner.compress import check_plannable
 from planner.failures import enumerate_failure_classes, normalize, parse_failure_set
-from planner.solve import check_plannable, plan
+from planner.solve import plan
 from planner.spec import JobSpec, SpecError
 
 
