@@ -255,7 +255,8 @@ class Worker:
         if received or outgoing or receives.outstanding:
             raise RuntimeError(
                 f"worker {list(self.spec.worker)} iteration {iteration}: stream left "
-                f"{len(received)} received and {len(outgoing)} unsent tensors (plan inconsistent)"
+                f"{len(received)} received and {len(outgoing)} unsent tensors and {receives.outstanding} "
+                f"receives never taken (plan inconsistent)"
             )
         if self.completed != iteration + 1:
             raise RuntimeError(f"worker {list(self.spec.worker)}: the stream has no OPTIMIZER step")
