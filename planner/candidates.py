@@ -27,16 +27,18 @@ from planner.bounds import lower_bound, routing_bound
 from planner.bounds_sharing import cut_worker_shares
 from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
-from planner.heuristic import Policy, list_schedule
+from planner.heuristic import Policy, bottleneck_stage, list_schedule
 from planner.paper_style import paper_style_schedule
 from planner.route_search import search_routing
 from planner.routing import (
     Routing,
     balanced_routing,
     dissolving_routing,
+    kept_stage_sets,
     lane_routing,
     mixed_routing,
     routing_of,
+    stage_mixed_routing,
 )
 from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
@@ -75,6 +77,11 @@ SPACINGS = (0.8, 1.05, 1.2)
 DEEPER_SLACK = 2
 """How much deeper `deeper_policy`'s forward-ahead cap is (made-up 8 x 5 x 18 spread, 500 swaps
 from one routing: fill+0 stays at 504.5 ms, fill+2 and memory-only reach 490.3)."""
+STAGE_MIX_LIST_POLICIES = 4
+"""Grid policies (rotation 0) list-scheduled on each `stage_mixed_routing`, each also with
+`Policy.forwards_first_upstream`."""
+UPSTREAM_LIST_POLICIES = 6
+"""Grid policies (rotation 0) re-run on the balanced routing with `Policy.forwards_first_upstream`."""
 TAIL_FORWARDS = (3, 4, 5, 6)
 """How many last forwards run first (on 8 x 8 x 24 single failures the best was 3 to 6 by stage)."""
 SWEEP_POLICIES = [
@@ -305,6 +312,10 @@ def best_heuristic(
         # 1491.5 -> 1456.8 ms against the bound's 1413.7 (docs/notes/planner-issue8.md, H).
         variants += [replace(p, tail_forwards=k, tail_upstream=up) for up in (False, True)
                      for p in first_policies[:TAIL_LIST_POLICIES] for k in TAIL_FORWARDS]
+    if failed and not big and bottleneck_stage(job, routing(0)) > 0:
+        # Forwards first above the bottleneck stage (`Policy.forwards_first_upstream`).
+        variants += [replace(p, forwards_first_upstream=True)
+                     for p in first_policies[:UPSTREAM_LIST_POLICIES]]
     stage0_paced = not big and memory_paces_first_stage(job, failed)
     if failed and stage0_paced:
         # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
@@ -315,11 +326,17 @@ def best_heuristic(
         variants += [replace(p, first_stage_spacing=x) for x in SPACINGS
                      for p in first_policies[:SPACED_LIST_POLICIES]]
     for tried, policy in enumerate(variants):
-        optional = policy.tail_forwards or (failed and policy.first_stage_spacing)
+        optional = policy.tail_forwards or policy.forwards_first_upstream or (
+            failed and policy.first_stage_spacing)
         if optional and tried >= 4 and time.perf_counter() - started > budget_s:
             continue
         ops = list_schedule(job, routing(0), policy)
-        done = consider_list(ops, policy, routing(0))
+        # Forwards first: whole candidates, not starts of the routing search, which from them
+        # ended worse on gpt-1.5b 8 x 8 x 24 with (0, 1), (1, 1) dead (1686.3 -> 1692.9 ms).
+        if policy.forwards_first_upstream:
+            done = consider(ops, policy.name)
+        else:
+            done = consider_list(ops, policy, routing(0))
         if best is not None and best[2] == policy.name:
             best_list = (policy, ops)
         if done:
@@ -332,6 +349,29 @@ def best_heuristic(
             name = f"{policy.name}+resweep(overrun={overrun:g})"
             if consider(sweep_schedule(job, routing(policy.routing_rotation), sweep, orders), name):
                 return best
+    if dissolved is not None and not big:
+        # Dropping with the damaged pipelines' survivors kept at the heaviest stages
+        # (`stage_mixed_routing`), plain and with forwards first above the bottleneck. Whole
+        # candidates, like the spilled chains; always on small jobs, within the budget above that.
+        # A kept set is tried only where its survivors lower the routing's bound below the
+        # smaller set's (one more stage kept that relieves nothing only adds crossings).
+        previous = routing_bound(job, dissolved.busiest, failure_bound())
+        for kept in kept_stage_sets(job, failed):
+            if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
+                break
+            mixed = stage_mixed_routing(job, failed, kept)
+            relieved = routing_bound(job, mixed.busiest, failure_bound())
+            if relieved >= previous - BEATEN_MARGIN_MS or _beaten(job, mixed, best, failure_bound):
+                previous = min(previous, relieved)
+                continue
+            previous = relieved
+            label = "stage-mix(" + ",".join(map(str, sorted(kept))) + ")+"
+            upstream = bottleneck_stage(job, mixed) > 0  # else forwards first changes nothing
+            for policy in first_policies[:STAGE_MIX_LIST_POLICIES]:
+                for first in (False, True) if upstream else (False,):
+                    variant = replace(policy, forwards_first_upstream=first)
+                    if consider(list_schedule(job, mixed, variant), label + variant.name):
+                        return best
     if dissolved is not None:
         # Mixes: part of each damaged pipeline dissolved, the rest kept on its alive workers (tried
         # last and within the budget: the guarantee against dropping rests on the candidates above).

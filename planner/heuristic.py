@@ -72,6 +72,13 @@ class Policy:
     come back a cadence apart, and since each frees the slot of the next, the replayed orders keep
     the spacing every iteration (made-up 1 x 5 x 10 with three stage-0 slots: 277.2 ms with every
     grid policy, 262.4 spaced by 1.05 cadences; CP-SAT proves 255.6)."""
+    forwards_first_upstream: bool = False
+    """Stages above the bottleneck stage (the most work on its busiest worker) run a ready F that fits
+    before a ready B. Their B's feed nothing the bottleneck needs, while a forward held back is one
+    the bottleneck may starve for; B-first there makes the bottleneck fill its waits with W's, so
+    its last B, and every gradient behind it, comes back later (made-up 8 x 7 x 18 with pipeline 7
+    damaged at four stages, the survivors kept at stages 0 and 3: 561.5 -> 549.2 ms list-scheduled;
+    docs/notes/planner-issue8.md, AI)."""
     dynamic_routing: bool = False
     """Route each micro-batch at stages s >= 1 when its forward at s - 1 ends, to the alive peer
     expected to start it first (arrival over the hop, the peer's queued and held round trips and
@@ -89,8 +96,18 @@ class Policy:
         dyn = ",dynamic" if self.dynamic_routing else ""
         tail = f",tail={self.tail_forwards}{'up' if self.tail_upstream else ''}" if self.tail_forwards else ""
         paced = ",paced" if self.paced_first_stage else ""
+        paced += ",fwd-first-up" if self.forwards_first_upstream else ""
         spaced = f",spaced={self.first_stage_spacing:g}" if self.first_stage_spacing else ""
         return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}{tail}{paced}{spaced}"
+
+
+def bottleneck_stage(job: JobSpec, routing: Routing) -> int:
+    """The stage whose busiest worker has the most F + B + W work under `routing` (the deepest of
+    equals): `Policy.forwards_first_upstream` changes the stages above it, so nothing when it is 0."""
+    costs, busiest = job.costs, routing.busiest
+    work = [busiest[s] * (costs.forward[s] + costs.backward_input[s] + costs.backward_weight[s])
+            for s in range(job.stages)]
+    return max(range(job.stages), key=lambda s: (work[s], s))
 
 
 def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> list[Op]:
@@ -152,6 +169,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             for s in range(S)]
     dynamic = policy.dynamic_routing
     paced = policy.paced_first_stage
+    # Stages above this one run their ready forwards first (Policy.forwards_first_upstream).
+    upstream_of = bottleneck_stage(job, routing) if policy.forwards_first_upstream else 0
     if dynamic:
         # Stages >= 1 are routed as the forwards arrive: loads unknown until then, so a worker is
         # never "done" early and a stage is done when all of its ops are.
@@ -217,8 +236,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             kind, mb = "F", pop(fh)[-1]
         elif tail_first and wq and act_w[s] > 0:  # only memory holds the forward back
             kind, mb = "W", wq.popleft()
-        elif paced and s == 0 and fh and fh[0][0] <= t + _EPS and ahead[wi] < caps[s] and (
-                mem[wi] + act[s] <= limit or (wq and mem[wi] - act_w[s] + act[s] <= limit)):
+        elif (s < upstream_of or (paced and s == 0)) and fh and fh[0][0] <= t + _EPS and ahead[wi] < caps[s] \
+                and (mem[wi] + act[s] <= limit or (wq and mem[wi] - act_w[s] + act[s] <= limit)):
             kind, mb = ("F", pop(fh)[-1]) if mem[wi] + act[s] <= limit else ("W", wq.popleft())
         elif bh and bh[0][0] <= t + _EPS:
             kind, mb = "B", pop(bh)[-1]

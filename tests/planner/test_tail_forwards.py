@@ -37,6 +37,7 @@ policies = st.builds(
     tail_upstream=st.booleans(),
     paced_first_stage=st.booleans(),  # tests/planner/test_paced_first_stage.py
     first_stage_spacing=st.sampled_from([0.0, 0.8, 1.05, 1.2]),  # tests/planner/test_first_stage_spacing.py
+    forwards_first_upstream=st.booleans(),  # tests/planner/test_stage_mixes.py
 )
 
 
