@@ -104,9 +104,7 @@ class Policy:
 def bottleneck_stage(job: JobSpec, routing: Routing) -> int:
     """The stage whose busiest worker has the most F + B + W work under `routing` (the deepest of
     equals): `Policy.forwards_first_upstream` changes the stages above it, so nothing when it is 0."""
-    costs, busiest = job.costs, routing.busiest
-    work = [busiest[s] * (costs.forward[s] + costs.backward_input[s] + costs.backward_weight[s])
-            for s in range(job.stages)]
+    work = routing.busiest_work
     return max(range(job.stages), key=lambda s: (work[s], s))
 
 

@@ -51,6 +51,14 @@ class Routing:
         take as `busiest`)."""
         return [max(self.load[p][s] for p in range(self.job.pipelines)) for s in range(self.job.stages)]
 
+    @property
+    def busiest_work(self) -> list[float]:
+        """Per stage, the F + B + W work (ms) of its busiest worker: `busiest` times a micro-batch's
+        three ops there (what `kept_stage_sets` ranks and `heuristic.bottleneck_stage` maximises)."""
+        costs = self.job.costs
+        return [n * (costs.forward[s] + costs.backward_input[s] + costs.backward_weight[s])
+                for s, n in enumerate(self.busiest)]
+
 
 
 def balanced_routing(job: JobSpec, failed: tuple[Worker, ...], rotate: int = 0) -> Routing:
@@ -171,11 +179,9 @@ def kept_stage_sets(job: JobSpec, failed: tuple[Worker, ...]) -> list[frozenset[
         return []
     dead = set(failed)
     damaged = sorted({p for p, _ in failed})
-    costs = job.costs
-    load = dissolved.busiest
+    work = dissolved.busiest_work
     stages = [s for s in range(job.stages) if any((p, s) not in dead for p in damaged)]
-    stages.sort(key=lambda s: (-load[s] * (costs.forward[s] + costs.backward_input[s]
-                                            + costs.backward_weight[s]), s))
+    stages.sort(key=lambda s: (-work[s], s))
     return [frozenset(stages[:k]) for k in range(1, len(stages) + 1)]
 
 
