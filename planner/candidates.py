@@ -27,6 +27,7 @@ from planner.bounds import lower_bound, routing_bound
 from planner.bounds_sharing import cut_worker_shares
 from planner.deep_warmup import deep_warmup_candidates
 from planner.dropping import dropped_job, relabel_dropped
+from planner.first_stage_tail import first_stage_tail
 from planner.heuristic import Policy, bottleneck_stage, list_schedule
 from planner.paper_style import paper_style_schedule
 from planner.route_search import search_routing
@@ -454,6 +455,9 @@ def best_heuristic(
             if consider(found.ops, name):
                 return best
     assert best is not None
+    tail = first_stage_tail(job, best[0])
+    if tail is not None:
+        consider(tail, f"{best[2]}+first-stage-tail")
     return best
 
 
