@@ -9,9 +9,9 @@ and the W's behind them) has to run after r on any order. Memory cannot rise the
 forward left, no micro-batch is added and each one's share only shrinks (rule 6).
 
 The constructive schedulers leave such idle stretches where their W rule keeps a W out of a gap it
-would overrun: on gpt-1.5b 8 x 8 x 24 with (7, 1), (7, 2), (7, 3) dead, the best list schedule's
-stage-0 worker of pipeline 7 waits 2.2 ms for its last B with two W's pending (1499.5 ms; 1497.3
-with the W run first, which is what the paper-style planner's CP-SAT found in 4-8 s).
+would overrun: on gpt-1.5b 8 x 8 x 24 with (7, 1), (7, 2), (7, 3) dead, the best constructed
+schedule's stage-0 worker of pipeline 7 waits 2.2 ms for its last B with two W's pending
+(1499.5 ms; 1497.3 with the W run first, which the paper-style planner's CP-SAT found in 4-8 s).
 
 The releases are read from the plan's own times; the re-ordered plan is re-timed exactly
 (`planner.cp.orders.retime`: valid by construction) and callers keep it only when its replayed
@@ -19,6 +19,8 @@ period is strictly shorter (the replay's steady state can release B's at other m
 """
 
 from __future__ import annotations
+
+import heapq
 
 from planner.cp.orders import retime
 from planner.precedence import needs
@@ -56,24 +58,24 @@ def first_stage_tail(job: JobSpec, ops: list[Op]) -> list[Op] | None:
 def _non_delay(job: JobSpec, tail: list[Key], released: dict[Key, float], free_ms: float,
                done: set[tuple[int, int]]) -> list[Key]:
     """One worker's `tail` in non-delay order from `free_ms`: the earliest-released ready B, else
-    the first ready W (a W is ready once its micro-batch's B is in `done` or placed), else wait."""
-    b_left = [key for key in tail if key[0] == "B"]
-    w_left = [key for key in tail if key[0] == "W"]
-    done = set(done)
+    the first (in `tail`'s order) ready W (ready once its micro-batch's B is in `done` or placed),
+    else wait. Heaps, not scans: a tail can hold every micro-batch of the worker."""
+    b_heap = [(released[key], i, key) for i, key in enumerate(tail) if key[0] == "B"]
+    heapq.heapify(b_heap)
+    w_of = {key[1:3]: (i, key) for i, key in enumerate(tail) if key[0] == "W"}
+    w_ready = [entry for mb, entry in w_of.items() if mb in done]
+    heapq.heapify(w_ready)
     out: list[Key] = []
     now = free_ms
-    while b_left or w_left:
-        ready_b = [key for key in b_left if released[key] <= now + 1e-9]
-        ready_w = next((key for key in w_left if key[1:3] in done), None)
-        if ready_b:
-            key = min(ready_b, key=released.__getitem__)
-            b_left.remove(key)
-            done.add(key[1:3])
-        elif ready_w is not None:
-            key = ready_w
-            w_left.remove(key)
+    while b_heap or w_ready:
+        if b_heap and b_heap[0][0] <= now + 1e-9:
+            key = heapq.heappop(b_heap)[2]
+            if key[1:3] in w_of:
+                heapq.heappush(w_ready, w_of[key[1:3]])
+        elif w_ready:
+            key = heapq.heappop(w_ready)[1]
         else:
-            now = min(released[key] for key in b_left)
+            now = b_heap[0][0]
             continue
         out.append(key)
         now += job.costs.duration(key[0], key[3])
