@@ -54,6 +54,14 @@ MIXES_ALWAYS_MAX_OPS = 3_000
 MIX_LIST_POLICIES = 6
 """List policies tried on each mix whose `keep` comes from bound 4 (the grid's first, most often
 winning ones)."""
+FORWARD_YIELD_KEEPS = 4
+"""Mixes list-scheduled with `Policy.forward_yield`: bound 4's share for the cut worker and the
+next few below it (made-up 4 x 2 x 21 with one stage-1 worker dead: bound 4's share is 20, the
+schedule that comes within 1.1% of the bound keeps 18, where every uncut worker carries 22)."""
+FORWARD_YIELD_POLICIES = 3
+"""Grid policies (rotation 0) tried on each of those mixes: the first three, one per W rule."""
+FORWARD_YIELD_MS = 2.0
+"""`Policy.forward_yield` of those candidates."""
 DYNAMIC_LIST_POLICIES = 6
 """List policies tried with routing decided as the forwards arrive (`Policy.dynamic_routing`)."""
 FROZEN_LIST_POLICIES = 6
@@ -397,6 +405,21 @@ def best_heuristic(
                 if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
                     break
                 if consider(sweep_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
+                    return best
+        # The same mixes, and a few that keep fewer, with the peers' own forwards first
+        # (`Policy.forward_yield`): where memory holds one micro-batch per stage-0 worker, a peer
+        # that serves a cut worker's round trip when its own is due stalls its own pipeline.
+        # Only on jobs up to MIXES_ALWAYS_MAX_OPS: above it the twelve list schedules would come out
+        # of the routing search's wall budget, for a gain measured on a small job only.
+        keeps = sorted({keep - less for keep in shared for less in range(FORWARD_YIELD_KEEPS)} - {0},
+                       reverse=True) if job.op_count <= MIXES_ALWAYS_MAX_OPS else []
+        for keep in keeps:
+            mixed = mixed_routing(job, failed, keep)
+            if _beaten(job, mixed, best, failure_bound):
+                continue
+            for policy in first_policies[:FORWARD_YIELD_POLICIES]:
+                policy = replace(policy, forward_yield=FORWARD_YIELD_MS)
+                if consider(list_schedule(job, mixed, policy), f"mix(keep={keep})+{policy.name}"):
                     return best
     in_budget = job.op_count <= MIXES_ALWAYS_MAX_OPS or time.perf_counter() - started <= budget_s
     if failed and not big and in_budget:

@@ -79,6 +79,16 @@ class Policy:
     its last B, and every gradient behind it, comes back later (made-up 8 x 7 x 18 with pipeline 7
     damaged at four stages, the survivors kept at stages 0 and 3: 561.5 -> 549.2 ms list-scheduled;
     docs/notes/planner-issue8.md, AI)."""
+    forward_yield: float | None = None
+    """None: off. x >= 0: at stages s >= 1, a ready forward that arrived across pipelines (its
+    stage s - 1 ran on another pipeline's worker) waits when it would still be running (with its B,
+    at the last stage, where the B follows at once) more than x ms after this pipeline's own next
+    forward arrives: known once the own stage s - 1 worker has started it, else estimated as the
+    own micro-batch's gradient sent back plus one upstream B, F and the hops (the upstream worker
+    holding one micro-batch at a time). Where memory lets the stage-0 workers hold one micro-batch
+    each, the uncut workers have no slack, and a peer that starts a cut worker's round trip when
+    its own is due delays its own pipeline by that whole window (made-up 4 x 2 x 21, one stage-1
+    worker dead, with a mix that keeps 18 micro-batches on the cut worker: 981.5 -> 949.0 ms)."""
     dynamic_routing: bool = False
     """Route each micro-batch at stages s >= 1 when its forward at s - 1 ends, to the alive peer
     expected to start it first (arrival over the hop, the peer's queued and held round trips and
@@ -98,6 +108,7 @@ class Policy:
         paced = ",paced" if self.paced_first_stage else ""
         paced += ",fwd-first-up" if self.forwards_first_upstream else ""
         spaced = f",spaced={self.first_stage_spacing:g}" if self.first_stage_spacing else ""
+        spaced += f",fwd-yield={self.forward_yield:g}" if self.forward_yield is not None else ""
         return f"W={gaps}{feed},cap={cap},rot={self.routing_rotation}{dyn}{tail}{paced}{spaced}"
 
 
@@ -183,6 +194,10 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         fits = [costs.fits(s, D * M) or 1 for s in range(S)]
     events: list[tuple[float, int, int]] = []
     seq = 0
+    forward_yield = policy.forward_yield
+    own_gradient_sent = [-_INF] * n  # when each worker's last B for its own stage s - 1 worker ended
+    own_next_forward = [0.0] + [hop_same[s - 1] + bwd[s - 1] + fwd[s - 1] + hop_same[s - 1]
+                                for s in range(1, S)]
     for mb in range(D * M):
         q = executor[0][mb]
         wi = q * S
@@ -242,6 +257,14 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
         else:
             f_ready = bool(fh) and fh[0][0] <= t + _EPS
             f_room = mem[wi] + act[s] <= limit
+            held = _INF  # when a held-back forward's own rival is due
+            if forward_yield is not None and s > 0 and f_ready and f_room and executor[s - 1][fh[0][-1]] != q:
+                own = [e[0] for e in fh if e[0] > t + _EPS and executor[s - 1][e[-1]] == q]
+                due = min(own) if own else own_gradient_sent[wi] + own_next_forward[s]
+                if due > t + _EPS and t + fwd[s] + (bwd[s] if s == S - 1 else 0.0) > due + forward_yield:
+                    f_ready, held = False, due  # keep free for the own forward (a W may still fit)
+                    push(events, (due, seq, wi))
+                    seq += 1
             if f_ready and f_room and ahead[wi] < caps[s]:
                 kind, mb = "F", pop(fh)[-1]
             elif wq:
@@ -251,7 +274,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
                         pop(ex)  # arrival now known, or late (congested): stop waiting on the estimate
                     next_b = min(bh[0][0] if bh else _INF, ex[0][0] if ex else _INF)
                     if fh and not f_ready and ahead[wi] < caps[s]:
-                        next_b = min(next_b, fh[0][0])
+                        next_b = min(next_b, fh[0][0] if held == _INF else held)
                     if t + wgt[s] > next_b + yield_w * wgt[s] + _EPS:
                         push(events, (next_b, seq, wi))  # stay free for the input that is due
                         seq += 1
@@ -275,6 +298,8 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             end = t + bwd[s]
             if dynamic and s > 0:
                 holding[wi].pop(mb, None)
+            if s > 0 and executor[s - 1][mb] == q:
+                own_gradient_sent[wi] = end
             mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1
             outs = out_b[s]
