@@ -16,9 +16,38 @@ from planner.routing import balanced_routing, mixed_routing
 from planner.simulator import replay
 from planner.spec import JobSpec
 from planner.validate import validate
+from tests.planner.random_plans import max_cycle_mean
 from tests.planner.test_properties import SETTINGS, jobs_with_failures
 
 FAILED = ((0, 1),)
+
+
+def test_hand_worked_two_by_two_reaches_the_stage_1_work_bound():
+    """2 x 2 x 3 by hand, (0, 1) dead: the one stage-1 worker runs all 6 micro-batches, F + B + W =
+    1 + 2 + 2 ms each, then a 1 ms all-reduce, so no plan is shorter than 31 ms, and 31 needs that
+    worker never idle. Stage 0 holds one micro-batch at a time (its pending W blocks the next F).
+    The mix keeping 2 of pipeline 0's 3 there (micro-batch (0, 0) goes to pipeline 1 at both
+    stages): at 13 ms the cut worker's (0, 2) arrives (F at 11-12, a 1 ms hop) while pipeline 1's
+    next forward is due at 15 (its gradient went back at 12, then B 2 and F 1 on (1, 0)); run at
+    once, (0, 2)'s F + B would end at 16, so the worker runs its pending W first. Yielding, the
+    plan reaches 31 (the replay and the max-plus cycle mean agree); not yielding, 32."""
+    job = JobSpec.parse({
+        "pipelines": 2, "stages": 2, "microbatches": 3, "forward_ms": [1, 1],
+        "backward_input_ms": [2, 2], "backward_weight_ms": [1, 2], "p2p_ms": 0,
+        "cross_pipeline_p2p_ms": 1, "allreduce_ms": 1, "optimizer_ms": 0,
+        "activation_mb": [2, 1], "activation_w_mb": [1, 0.5], "memory_limit_mb": 2})
+    failed = ((0, 1),)
+    assert lower_bound(job, failed).value_ms == pytest.approx(6 * (1 + 2 + 2) + 1)
+    mixed = mixed_routing(job, failed, 2)
+    plain = list_schedule(job, mixed, Policy(w_tolerance=0.0))
+    yielding = list_schedule(job, mixed, Policy(w_tolerance=0.0, forward_yield=0.0))
+    for ops in (plain, yielding):
+        assert validate(job, failed, ops) == []
+    assert replay(job, plain).iteration_ms == pytest.approx(32.0)
+    assert replay(job, yielding).iteration_ms == pytest.approx(31.0)
+    assert max_cycle_mean(job, yielding) == pytest.approx(31.0)
+    held = next(op for op in yielding if op.worker == (1, 1) and op.kind == "W" and op.microbatch == (0, 1))
+    assert (held.start_ms, held.end_ms) == (13.0, 15.0)  # the W ran while (0, 2) waited
 
 
 def two_stage_job() -> JobSpec:
