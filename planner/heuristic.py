@@ -298,7 +298,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             end = t + bwd[s]
             if dynamic and s > 0:
                 holding[wi].pop(mb, None)
-            if s > 0 and executor[s - 1][mb] == q:
+            if forward_yield is not None and s > 0 and executor[s - 1][mb] == q:
                 own_gradient_sent[wi] = end
             mem[wi] -= act[s] - act_w[s]  # released at `end`, before this worker's next op starts
             ahead[wi] -= 1

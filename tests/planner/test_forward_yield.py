@@ -36,13 +36,12 @@ def test_hand_worked_two_by_two_reaches_the_stage_1_work_bound():
         "backward_input_ms": [2, 2], "backward_weight_ms": [1, 2], "p2p_ms": 0,
         "cross_pipeline_p2p_ms": 1, "allreduce_ms": 1, "optimizer_ms": 0,
         "activation_mb": [2, 1], "activation_w_mb": [1, 0.5], "memory_limit_mb": 2})
-    failed = ((0, 1),)
-    assert lower_bound(job, failed).value_ms == pytest.approx(6 * (1 + 2 + 2) + 1)
-    mixed = mixed_routing(job, failed, 2)
+    assert lower_bound(job, FAILED).value_ms == pytest.approx(6 * (1 + 2 + 2) + 1)
+    mixed = mixed_routing(job, FAILED, 2)
     plain = list_schedule(job, mixed, Policy(w_tolerance=0.0))
     yielding = list_schedule(job, mixed, Policy(w_tolerance=0.0, forward_yield=0.0))
     for ops in (plain, yielding):
-        assert validate(job, failed, ops) == []
+        assert validate(job, FAILED, ops) == []
     assert replay(job, plain).iteration_ms == pytest.approx(32.0)
     assert replay(job, yielding).iteration_ms == pytest.approx(31.0)
     assert max_cycle_mean(job, yielding) == pytest.approx(31.0)
