@@ -59,10 +59,13 @@ class Policy:
     tail_upstream: bool = False
     """`tail_forwards` on every stage above the deepest busiest one too, so that the busiest
     stage's last forwards are fed as fast as it runs them."""
-    paced_first_stage: bool = False
-    """At stage 0, whose input gradients feed nothing upstream, a ready forward that fits runs before
-    a ready input gradient, and a W that makes room for it too: where memory paces the forwards,
-    each slot's next round trip starts as soon as its W frees it."""
+    paced_stage: int | None = None
+    """None: off. s: at stage s a ready forward that fits runs before a ready input gradient, and a
+    W that makes room for it too, so where memory paces the forwards each slot's next round trip
+    starts as soon as its W frees it. At stage 0 the input gradients feed nothing upstream. At a
+    deeper bottleneck stage they feed stage s - 1, whose round trips the bottleneck's own pace
+    sets anyway (made-up 4 x 5 x 24 with stage 1 left to one worker, five held at once: 1219.6 ms
+    B-first at best, 1143.8 paced, bound 1125.9; docs/notes/planner-issue8.md, AL)."""
     first_stage_spacing: float = 0.0
     """0: every stage-0 worker may start its forwards at once. x > 0: its first `fits(0)` forwards
     (as many as its memory holds) are released x cadences apart, a cadence being one uncongested
@@ -105,7 +108,7 @@ class Policy:
             cap = f"fill{self.ahead_slack or 0:+d}"
         dyn = ",dynamic" if self.dynamic_routing else ""
         tail = f",tail={self.tail_forwards}{'up' if self.tail_upstream else ''}" if self.tail_forwards else ""
-        paced = ",paced" if self.paced_first_stage else ""
+        paced = {None: "", 0: ",paced"}.get(self.paced_stage, f",paced={self.paced_stage}")
         paced += ",fwd-first-up" if self.forwards_first_upstream else ""
         spaced = f",spaced={self.first_stage_spacing:g}" if self.first_stage_spacing else ""
         spaced += f",fwd-yield={self.forward_yield:g}" if self.forward_yield is not None else ""
@@ -177,7 +180,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
     tail = [tail_on if busiest[s] == max(busiest) or (policy.tail_upstream and s <= deepest_busy) else 0
             for s in range(S)]
     dynamic = policy.dynamic_routing
-    paced = policy.paced_first_stage
+    paced = policy.paced_stage
     # Stages above this one run their ready forwards first (Policy.forwards_first_upstream).
     upstream_of = bottleneck_stage(job, routing) if policy.forwards_first_upstream else 0
     if dynamic:
@@ -249,7 +252,7 @@ def list_schedule(job: JobSpec, routing: Routing, policy: Policy = Policy()) -> 
             kind, mb = "F", pop(fh)[-1]
         elif tail_first and wq and act_w[s] > 0:  # only memory holds the forward back
             kind, mb = "W", wq.popleft()
-        elif (s < upstream_of or (paced and s == 0)) and fh and fh[0][0] <= t + _EPS and ahead[wi] < caps[s] \
+        elif (s < upstream_of or s == paced) and fh and fh[0][0] <= t + _EPS and ahead[wi] < caps[s] \
                 and (mem[wi] + act[s] <= limit or (wq and mem[wi] - act_w[s] + act[s] <= limit)):
             kind, mb = ("F", pop(fh)[-1]) if mem[wi] + act[s] <= limit else ("W", wq.popleft())
         elif bh and bh[0][0] <= t + _EPS:

@@ -35,7 +35,7 @@ policies = st.builds(
     routing_rotation=st.integers(0, 2),
     tail_forwards=st.integers(1, 6),
     tail_upstream=st.booleans(),
-    paced_first_stage=st.booleans(),  # tests/planner/test_paced_first_stage.py
+    paced_stage=st.sampled_from((None, 0, 1)),  # tests/planner/test_paced_stage.py
     first_stage_spacing=st.sampled_from([0.0, 0.8, 1.05, 1.2]),  # tests/planner/test_first_stage_spacing.py
     forwards_first_upstream=st.booleans(),  # tests/planner/test_stage_mixes.py
 )
@@ -44,8 +44,8 @@ policies = st.builds(
 @SETTINGS
 @given(jobs_with_failures(), policies)
 def test_tail_first_list_schedules_are_valid(case, policy):
-    """Also with stage 0 paced by memory or its first forwards spaced, which the candidates combine
-    with neither yet."""
+    """Also with stage 0 or 1 paced by memory (`Policy.paced_stage`) or stage 0's first forwards
+    spaced, which the candidates combine with neither yet."""
     job, failed = case
     ops = list_schedule(job, balanced_routing(job, tuple(failed), policy.routing_rotation), policy)
     assert validate(job, failed, ops) == []
