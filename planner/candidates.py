@@ -73,10 +73,9 @@ with rotation 0 (every sweep and list candidate there costs ~15-30 ms at 8 x 8 x
 TAIL_LIST_POLICIES = 6
 """Grid policies (rotation 0, most often winning first) re-run with `Policy.tail_forwards`."""
 PACED_LIST_POLICIES = 9
-"""Grid policies (rotation 0, most often winning first) re-run with `Policy.paced_stage` where
-memory paces stage 0's forwards, or the bottleneck stage's (`memory_paced_bottleneck`): nine reach
-the first deeper forward-ahead cap, which is where pacing gained most (made-up 6 x 4 x 21 with
-[2, 0] dead: 588.0 -> 570.0 ms list-scheduled)."""
+"""Grid policies (rotation 0, most often winning first) re-run with `Policy.paced_stage` at each
+stage `memory_short_stages` gives: nine reach the first deeper forward-ahead cap, which is where
+pacing gained most (made-up 6 x 4 x 21 with [2, 0] dead: 588.0 -> 570.0 ms list-scheduled)."""
 SPACED_LIST_POLICIES = 12
 """Grid policies re-run with stage 0's first forwards spaced (`Policy.first_stage_spacing`) where
 memory paces stage 0."""
@@ -327,33 +326,33 @@ def best_heuristic(
         variants += [replace(p, forwards_first_upstream=True)
                      for p in first_policies[:UPSTREAM_LIST_POLICIES]]
     stage0_paced = not big and memory_paces_first_stage(job, failed)
-    if failed and stage0_paced:
-        # Stage 0 holds fewer round trips than keep it busy: its forwards are paced by the W's that
-        # free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms). Always run.
-        variants += [replace(p, paced_stage=0) for p in first_policies[:PACED_LIST_POLICIES]]
-    paced_deeper = memory_paced_bottleneck(job, routing(0)) if failed and not big else None
-    if paced_deeper is not None:
-        # The same at a deeper bottleneck stage whose busiest worker memory paces (a stage left to
-        # few survivors): each freed slot starts its next round trip before the gradients queued
-        # for the stage above are sent on (made-up 4 x 5 x 24, stage 1 left to one worker: 1219.6
-        # -> 1143.8 ms, bound 1125.9). Always run on jobs up to MIXES_ALWAYS_MAX_OPS, within the
-        # budget above that.
-        variants += [replace(p, paced_stage=paced_deeper) for p in first_policies[:PACED_LIST_POLICIES]]
+    for stage in memory_short_stages(job, routing(0)) if failed and not big else ():
+        # Stage 0 where its busiest worker cannot hold what it carries: its forwards are paced by
+        # the W's that free memory (made-up 7 x 4 x 18, three stage-0 failures: 446.1 -> 434.1 ms).
+        # The same at a deeper bottleneck stage (a stage left to few survivors): each freed slot
+        # starts its next round trip before the gradients queued for the stage above are sent on
+        # (made-up 4 x 5 x 24, stage 1 left to one worker: 1219.6 -> 1143.8 ms, bound 1125.9).
+        # Always on jobs up to MIXES_ALWAYS_MAX_OPS; above, within the budget (but stage 0 where
+        # `memory_paces_first_stage`, the first condition, always).
+        variants += [replace(p, paced_stage=stage) for p in first_policies[:PACED_LIST_POLICIES]]
     if stage0_paced:
         # Stage 0's slots started a cadence apart instead of as one burst (`Policy.first_stage_spacing`).
         variants += [replace(p, first_stage_spacing=x) for x in SPACINGS
                      for p in first_policies[:SPACED_LIST_POLICIES]]
     for tried, policy in enumerate(variants):
+        # Pacing beyond stage 0's first condition (`memory_paces_first_stage`), on jobs above
+        # MIXES_ALWAYS_MAX_OPS: within the budget, and whole candidates (below).
+        paced_more = policy.paced_stage is not None and not (policy.paced_stage == 0 and stage0_paced) \
+            and job.op_count > MIXES_ALWAYS_MAX_OPS
         optional = policy.tail_forwards or policy.forwards_first_upstream or (
-            failed and policy.first_stage_spacing) or (
-            policy.paced_stage and job.op_count > MIXES_ALWAYS_MAX_OPS)
+            failed and policy.first_stage_spacing) or paced_more
         if optional and tried >= 4 and time.perf_counter() - started > budget_s:
             continue
         ops = list_schedule(job, routing(0), policy)
         # Forwards first: whole candidates, not starts of the routing search, which from them
         # ended worse on gpt-1.5b 8 x 8 x 24 with (0, 1), (1, 1) dead (1686.3 -> 1692.9 ms). The
-        # bottleneck paced likewise above MIXES_ALWAYS_MAX_OPS (the same case: 1686.3 -> 1690.6).
-        if policy.forwards_first_upstream or (policy.paced_stage and job.op_count > MIXES_ALWAYS_MAX_OPS):
+        # paced ones likewise above MIXES_ALWAYS_MAX_OPS (the same case: 1686.3 -> 1690.6).
+        if policy.forwards_first_upstream or paced_more:
             done = consider(ops, policy.name)
         else:
             done = consider_list(ops, policy, routing(0))
@@ -508,12 +507,18 @@ def memory_paces_first_stage(job: JobSpec, failed: tuple[Worker, ...]) -> bool:
     return held < carried and held * (f[0] + b[0] + w[0]) < round_trip
 
 
-def memory_paced_bottleneck(job: JobSpec, routing: Routing) -> int | None:
-    """The bottleneck stage (`bottleneck_stage`) when it is below stage 0 and its busiest worker
-    cannot hold all the micro-batches it carries; else None."""
-    stage = bottleneck_stage(job, routing)
-    carried = routing.busiest[stage]
-    return stage if stage > 0 and job.costs.fits(stage, carried) < carried else None
+def memory_short_stages(job: JobSpec, routing: Routing) -> list[int]:
+    """Stage 0 and the bottleneck stage (`bottleneck_stage`), each where its busiest worker under
+    `routing` cannot hold all the micro-batches it carries: where `Policy.paced_stage` may help.
+    Stage 0 used to be tried only where `memory_paces_first_stage` (its slots also too few to keep
+    it busy for a round trip); without that condition it won 3 more of 396 small made-up cases
+    (up to 17.1 ms) and lost 1 by 1.8 ms (notes AL)."""
+    short = []
+    for stage in sorted({0, bottleneck_stage(job, routing)}):
+        carried = routing.busiest[stage]
+        if job.costs.fits(stage, carried) < carried:
+            short.append(stage)
+    return short
 
 
 def deeper_policy(policy: Policy) -> Policy:

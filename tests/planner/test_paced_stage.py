@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import planner.candidates as candidates
 from planner.bounds import lower_bound
-from planner.candidates import heuristic_policies, memory_paced_bottleneck, memory_paces_first_stage
+from planner.candidates import heuristic_policies, memory_paces_first_stage, memory_short_stages
 from planner.heuristic import Policy, list_schedule
 from planner.precedence import needs
 from planner.routing import balanced_routing
@@ -146,7 +146,7 @@ def test_hand_worked_lone_survivor_reaches_the_bound_paced():
     failed = ((1, 1),)
     routing = balanced_routing(job, failed)
     assert lower_bound(job, failed).value_ms == pytest.approx(23.0, abs=1e-9)
-    assert memory_paced_bottleneck(job, routing) == 1
+    assert memory_short_stages(job, routing) == [0, 1]  # stage 1 the bottleneck, both short
     grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
     unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
     assert unpaced >= 24.0 - 1e-9
@@ -175,7 +175,7 @@ def test_the_lone_survivor_paced_against_the_whole_grid():
     job = JobSpec.parse(FOUR_BY_FIVE)
     routing = balanced_routing(job, FOUR_BY_FIVE_DEAD)
     assert lower_bound(job, FOUR_BY_FIVE_DEAD).value_ms == pytest.approx(FOUR_BY_FIVE_BOUND, abs=0.01)
-    assert memory_paced_bottleneck(job, routing) == 1
+    assert memory_short_stages(job, routing) == [0, 1]  # stage 1 the bottleneck, both short
     grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
     unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
     paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=1))).iteration_ms
@@ -193,3 +193,35 @@ def test_the_search_tries_the_paced_bottleneck(monkeypatch):
     monkeypatch.setattr(candidates, "PACED_LIST_POLICIES", 0)
     _, period, name = candidates.best_heuristic(job, FOUR_BY_FIVE_DEAD, FOUR_BY_FIVE_BOUND)
     assert period > 1.07 * FOUR_BY_FIVE_BOUND, (name, period)
+
+
+# Made-up 3 x 8 x 24 (`benchmarks/gap_unseen.py --seed 51`, job #0) with stage 0 left to one worker:
+# 72 micro-batches on it, eight held at once (activation_w = activation).
+THREE_BY_EIGHT = {
+    "pipelines": 3, "stages": 8, "microbatches": 24,
+    "forward_ms": [6.4, 4.0, 9.9, 8.7, 4.0, 8.9, 6.4, 5.7],
+    "backward_input_ms": [5.9, 4.1, 9.0, 9.3, 4.5, 8.8, 6.2, 5.8],
+    "backward_weight_ms": [5.5, 3.6, 7.5, 7.3, 1.3, 8.6, 2.7, 1.8], "p2p_ms": 0.15,
+    "cross_pipeline_p2p_ms": 1.21, "allreduce_ms": 32.6, "optimizer_ms": 3.8,
+    "activation_mb": [3.1, 2.6, 2.0, 3.0, 2.2, 1.8, 3.1, 1.0],
+    "activation_w_mb": [3.1, 2.6, 2.0, 3.0, 2.2, 1.8, 3.1, 1.0], "memory_limit_mb": 24.8}
+
+
+def test_stage_zero_paced_where_its_slots_would_keep_it_busy():
+    """Eight slots x 17.8 ms of work is more than a slot's round trip, so `memory_paces_first_stage`
+    says no (the spaced starts are not tried), but 72 micro-batches through eight slots are still
+    paced by memory: the grid B-first is >= 1.02 of bound 6 (1388.2, the slots' recurrence), the
+    first nine policies paced at stage 0 within 1.002."""
+    job = JobSpec.parse(THREE_BY_EIGHT)
+    failed = ((0, 0), (1, 0))
+    routing = balanced_routing(job, failed)
+    bound = lower_bound(job, failed).value_ms
+    assert bound == pytest.approx(1388.2, abs=0.01)
+    assert not memory_paces_first_stage(job, failed)
+    assert memory_short_stages(job, routing) == [0]  # stage 0 is also the bottleneck
+    grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
+    unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
+    paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=0))).iteration_ms
+                for p in grid[:candidates.PACED_LIST_POLICIES])
+    assert unpaced >= 1.02 * bound, unpaced
+    assert paced <= 1.002 * bound, paced
