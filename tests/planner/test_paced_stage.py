@@ -124,6 +124,16 @@ def test_not_paced_where_memory_keeps_stage_zero_busy():
     assert memory_paces_first_stage(JobSpec.parse(SEVEN_BY_FOUR), ())
 
 
+def grid_side_by_side(job: JobSpec, routing, stage: int) -> tuple[float, float]:
+    """On one routing: the best replayed period of the grid's rotation-0 policies as they are, and
+    of the first `PACED_LIST_POLICIES` of them paced at `stage` (what `best_heuristic` tries)."""
+    grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
+    unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
+    paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=stage))).iteration_ms
+                for p in grid[:candidates.PACED_LIST_POLICIES])
+    return unpaced, paced
+
+
 # Stage 1 left to one worker: F = B = W = 1 ms everywhere but stage 2's B (2 ms), no hops, no
 # collectives; every worker holds two micro-batches from F start to W end (activation_w = activation).
 TWO_BY_THREE = {
@@ -147,8 +157,7 @@ def test_hand_worked_lone_survivor_reaches_the_bound_paced():
     routing = balanced_routing(job, failed)
     assert lower_bound(job, failed).value_ms == pytest.approx(23.0, abs=1e-9)
     assert memory_short_stages(job, routing) == [0, 1]  # stage 1 the bottleneck, both short
-    grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-    unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
+    unpaced, _ = grid_side_by_side(job, routing, stage=1)
     assert unpaced >= 24.0 - 1e-9
     ops = list_schedule(job, routing, Policy(ahead_slack=None, paced_stage=1))
     assert validate(job, failed, ops) == []
@@ -176,10 +185,7 @@ def test_the_lone_survivor_paced_against_the_whole_grid():
     routing = balanced_routing(job, FOUR_BY_FIVE_DEAD)
     assert lower_bound(job, FOUR_BY_FIVE_DEAD).value_ms == pytest.approx(FOUR_BY_FIVE_BOUND, abs=0.01)
     assert memory_short_stages(job, routing) == [0, 1]  # stage 1 the bottleneck, both short
-    grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-    unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
-    paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=1))).iteration_ms
-                for p in grid[:candidates.PACED_LIST_POLICIES])
+    unpaced, paced = grid_side_by_side(job, routing, stage=1)
     assert unpaced >= 1.08 * FOUR_BY_FIVE_BOUND, unpaced
     assert paced <= 1.02 * FOUR_BY_FIVE_BOUND, paced
 
@@ -219,9 +225,6 @@ def test_stage_zero_paced_where_its_slots_would_keep_it_busy():
     assert bound == pytest.approx(1388.2, abs=0.01)
     assert not memory_paces_first_stage(job, failed)
     assert memory_short_stages(job, routing) == [0]  # stage 0 is also the bottleneck
-    grid = [p for p in heuristic_policies(job) if p.routing_rotation == 0]
-    unpaced = min(replay(job, list_schedule(job, routing, p)).iteration_ms for p in grid)
-    paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=0))).iteration_ms
-                for p in grid[:candidates.PACED_LIST_POLICIES])
+    unpaced, paced = grid_side_by_side(job, routing, stage=0)
     assert unpaced >= 1.02 * bound, unpaced
     assert paced <= 1.002 * bound, paced
