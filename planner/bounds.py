@@ -64,6 +64,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    its latest worker; waiting for the latest costs bound 8's round trip instead. The plan picks
    how long the early workers wait and which worker is late at which end; no choice covers the
    stage below this bound.
+10. A stage short of memory above starves the fill (`planner.bounds_feed`): until a B comes back
+   to a stage u above stage t, stage u holds every micro-batch it has started, so stage t's workers
+   together start at most alive_u x k_u forwards before their first B's; where bound 1's fill
+   needs more, some of them idle longer, and the stage's micro-batches must still be covered.
 """
 
 from __future__ import annotations
@@ -288,6 +292,10 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
 
     late = late_round_trip_bound(job, failed)
     best = late if late.value_ms > best.value_ms else best
+    from planner.bounds_feed import fed_fill_bound  # it builds on bound 1's fill and drain
+
+    fed = fed_fill_bound(job, failed, floor_ms=best.value_ms)
+    best = fed if fed.value_ms > best.value_ms else best
     from planner.bounds_span import span_round_trip_bound  # it builds on bound 8's delays
 
     span = span_round_trip_bound(job, failed, floor_ms=best.value_ms)
@@ -296,7 +304,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
 
 def routing_bound(job: JobSpec, busiest: list[int], failure_bound_ms: float) -> float:
     """`lower_bound(job, failed, busiest=busiest).value_ms` for a routing of the failure set whose
-    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-9 again: those do not
+    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-10 again: those do not
     depend on the loads, and `busiest` is at least the default n_s at every stage, where bounds 1-3
     only grow, so the largest of the routing's bounds 1-3 and the failure set's bound is the same
     number (`candidates._beaten` asks for it once per candidate routing: 0.8 of a 4.3 s solve of
