@@ -79,18 +79,13 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
     enough = min(own, max(0, math.ceil((f + chain) / f - 1e-12)))  # forwards that leave no fill idle
     if pool >= workers * enough:
         return 0.0  # bound 1 already gives every worker its own k_t
-    c = costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]
-    tail = costs.allreduce[t] + costs.optimizer[t]
 
     @cache
     def drain(n: int) -> float:
         return max(0.0, chain - (drain_work(costs, t, n, own) or 0.0))
 
     def span(n: int, k: int) -> float:
-        k = min(k, n)
-        fill = max(0.0, f + chain - k * f)
-        idle = fill + drain(n) if n > k else max(fill, drain(n))
-        return n * c + tail + idle
+        return worker_span(costs, t, n, k, chain, drain(n))
 
     def most_served(period: float, k: int) -> int:
         # span(n, k) grows with n (each micro-batch adds c and takes at most B + W off the drain).
@@ -125,6 +120,19 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
             inside.add(span(n, k))
             n -= 1
     return min((value for value in inside if covers(value)), default=low)
+
+
+def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, drain_idle: float) -> float:
+    """The least period a stage-t worker with n micro-batches allows when k of its forwards are from
+    the pool: its work, all-reduce and optimizer, the fill idle k forwards leave and bound 1's
+    `drain_idle` after its last F, summed where n > k (its last F is not one of the k, so the drain
+    window follows the fill window), the larger of the two otherwise."""
+    f = costs.forward[t]
+    k = min(k, n)
+    fill = max(0.0, f + chain - k * f)
+    idle = fill + drain_idle if n > k else max(fill, drain_idle)
+    return (n * (f + costs.backward_input[t] + costs.backward_weight[t]) + costs.allreduce[t]
+            + costs.optimizer[t] + idle)
 
 
 def _covered(served: list[int], workers: int, pool: int, total: int) -> bool:

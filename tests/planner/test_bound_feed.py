@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import planner.bounds_feed as bounds_feed
 from planner.bounds import Bound, lower_bound
-from planner.bounds_feed import _covered, fed_fill_bound
+from planner.bounds_feed import _covered, fed_fill_bound, worker_span
 from planner.solve import plan
 from planner.spec import JobSpec
 from tests.planner.test_bound_soundness import random_valid_periods
@@ -101,6 +101,19 @@ def test_a_plan_reaches_it_where_the_others_do_not(monkeypatch):
     result = plan(job, failed, use_cp=False)
     assert result.iteration_ms == pytest.approx(36.0)
     assert result.stats.status == "optimal"
+
+
+def test_a_worker_span_adds_the_drain_only_after_a_forward_outside_the_pool():
+    """TWO_BY_THREE's stage 1 (F 1, B 2, W 5, all-reduce 1, chain 4 below it, so a first B 5 after
+    its F). One micro-batch, its forward from the pool: F, wait 4, B, W: 8 + 1 + 4 = 13; the fill
+    and the drain are the same 4 ms, not 8. Two micro-batches, one forward from the pool: the
+    first waits 5 - 1 = 4 before its B; the second's F comes after that window, and its own B is
+    again 4 away less the B and W of the first still held (7): 16 + 1 + 4 + 0 = 21. None from the
+    pool: 8 + 1 + 5 (fill) + 4 (drain) = 18."""
+    costs = JobSpec.parse(TWO_BY_THREE).costs
+    assert worker_span(costs, 1, 1, 1, 4.0, drain_idle=4.0) == 13.0
+    assert worker_span(costs, 1, 2, 1, 4.0, drain_idle=0.0) == 21.0
+    assert worker_span(costs, 1, 1, 0, 4.0, drain_idle=4.0) == 18.0
 
 
 def test_the_split_of_the_forwards_is_a_knapsack():
