@@ -41,7 +41,7 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
     and the stage above runs out of room first: 2-3 pipelines of 2-3 stages, 2-5 micro-batches;
     stage `up` and those above it 1 ms per op, the stage below it F 1-2, B 2-4, W 2-5, any further
     down F and B 1-4, W 1-2; 4-10 MB; one to all but one of stage `up`'s workers dead, sometimes
-    one more below (`benchmarks/falsify_fed_fill.py` draws from it too)."""
+    one more below (`benchmarks/falsify_fed_fill.py` draws from it too, for longer runs)."""
     D, S, M = rng.randint(2, 3), rng.randint(2, 3), rng.randint(2, 5)
     up = rng.randint(0, S - 2)
     fed = up + 1
