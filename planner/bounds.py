@@ -72,6 +72,7 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -130,14 +131,20 @@ def fill_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
     return max(0.0, costs.forward[s] + chain - min(k, n) * costs.forward[s])
 
 
+def drain_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
+    """Bound 1's idle of a stage-s worker after its last F: that micro-batch's B is `chain` away,
+    less the B/W work of what it holds (`drain_work`; module docstring, 1.)."""
+    return max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
+
+
 def forced_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
     """Bound 1's idle of a stage-s worker with n micro-batches, k held at once and round trip
     `chain` below it: before its first B and after its last F (module docstring, 1.)."""
     warmup_idle = fill_idle(costs, s, n, k, chain)
-    drain_idle = max(0.0, chain - (drain_work(costs, s, n, k) or 0.0))
+    after_last_f = drain_idle(costs, s, n, k, chain)
     # The windows before the first B and after the last F are disjoint when n > k (the (k+1)-th F
     # needs memory a W frees, and a W needs a B); otherwise only the larger counts.
-    return warmup_idle + drain_idle if n > k else max(warmup_idle, drain_idle)
+    return warmup_idle + after_last_f if n > k else max(warmup_idle, after_last_f)
 
 
 def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
@@ -262,6 +269,29 @@ class Bound:
     reason: str
 
 
+def alive_per_stage(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:
+    """How many workers of each stage the failure set leaves alive."""
+    dead = set(map(tuple, failed))
+    return [sum(1 for p in range(job.pipelines) if (p, s) not in dead) for s in range(job.stages)]
+
+
+BISECTION_MS = 1e-9
+"""Where a bound bisects on the period (bounds 9 and 10), it stops within this of the least
+period that covers the stage."""
+
+
+def bisect_covering(covers: Callable[[float], bool], low: float, high: float) -> tuple[float, float]:
+    """(low, high) narrowed to within `BISECTION_MS`, from `covers(low)` false and `covers(high)`
+    true (coverage grows with the period): low stays a period proven not to cover."""
+    while high - low > BISECTION_MS:
+        mid = (low + high) / 2
+        if covers(mid):
+            high = mid
+        else:
+            low = mid
+    return low, high
+
+
 def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
                 busiest: list[int] | None = None) -> Bound:
     """The largest of the analytic bounds above; `reason` says which one binds.
@@ -271,10 +301,8 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     micro-batches and grows with n_s, so it bounds every plan with that routing
     (`routing_bound`)."""
     if busiest is None:
-        D, S, M = job.pipelines, job.stages, job.microbatches
-        dead = set(map(tuple, failed))
-        alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
-        busiest = [-(-D * M // a) for a in alive]
+        total = job.pipelines * job.microbatches
+        busiest = [-(-total // a) for a in alive_per_stage(job, failed)]
     best = load_bound(job, busiest)
     from planner.bounds_sharing import sharing_bound  # it builds on this module's helpers
 

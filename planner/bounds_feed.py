@@ -31,12 +31,18 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from planner.bounds import Bound, chain_below, drain_work, holds, stage_hops
+from planner.bounds import (
+    Bound,
+    alive_per_stage,
+    bisect_covering,
+    chain_below,
+    drain_idle,
+    fill_idle,
+    holds,
+    stage_hops,
+)
 from planner.spec import JobSpec, StageCosts, Worker
 
-BISECTION_MS = 1e-9
-"""The bisection ends within this of the least covering P, which is then read off the workers'
-spans in the last interval."""
 EXACT_SPLIT_MAX_STEPS = 100_000
 """The split of the forwards between workers is solved exactly (a knapsack over like workers, in
 the micro-batches still missing) up to this many steps; above it a relaxation that only caps how
@@ -48,10 +54,8 @@ def fed_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker], floo
     """Bound 10 over every stage t fed by a stage above it with fewer slots than its fill needs;
     stages where it cannot exceed `floor_ms` (a bound already known) are not worked out."""
     costs = job.costs
-    D, S, M = job.pipelines, job.stages, job.microbatches
-    total = D * M
-    dead = set(map(tuple, failed))
-    alive = [sum(1 for p in range(D) if (p, s) not in dead) for s in range(S)]
+    S, total = job.stages, job.pipelines * job.microbatches
+    alive = alive_per_stage(job, failed)
     if min(alive) == 0:
         return Bound(0.0, "")  # a stage without survivors: no plan at all
     hop = stage_hops(costs, S)
@@ -82,7 +86,7 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
 
     @cache
     def drain(n: int) -> float:
-        return max(0.0, chain - (drain_work(costs, t, n, own) or 0.0))
+        return drain_idle(costs, t, n, own, chain)
 
     def span(n: int, k: int) -> float:
         return worker_span(costs, t, n, k, chain, drain(n))
@@ -105,12 +109,7 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
     high = span(total, 0)
     if low >= high or covers(low):
         return 0.0
-    while high - low > BISECTION_MS:
-        mid = (low + high) / 2
-        if covers(mid):
-            high = mid
-        else:
-            low = mid
+    low, high = bisect_covering(covers, low, high)
     # The least covering period is some worker's span(n, k), so it is the least of those in
     # (low, high] that covers: the value itself, not the bisection's approximation of it.
     inside = set()
@@ -122,17 +121,16 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
     return min((value for value in inside if covers(value)), default=low)
 
 
-def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, drain_idle: float) -> float:
+def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, after_last_f: float) -> float:
     """The least period a stage-t worker with n micro-batches allows when k of its forwards are from
-    the pool: its work, all-reduce and optimizer, the fill idle k forwards leave and bound 1's
-    `drain_idle` after its last F, summed where n > k (its last F is not one of the k, so the drain
-    window follows the fill window), the larger of the two otherwise."""
-    f = costs.forward[t]
+    the pool: its work, all-reduce and optimizer, the fill idle k forwards leave and bound 1's idle
+    `after_last_f` (`bounds.drain_idle`), summed where n > k (its last F is not one of the k, so
+    the drain window follows the fill window), the larger of the two otherwise."""
     k = min(k, n)
-    fill = max(0.0, f + chain - k * f)
-    idle = fill + drain_idle if n > k else max(fill, drain_idle)
-    return (n * (f + costs.backward_input[t] + costs.backward_weight[t]) + costs.allreduce[t]
-            + costs.optimizer[t] + idle)
+    fill = fill_idle(costs, t, n, k, chain)
+    idle = fill + after_last_f if n > k else max(fill, after_last_f)
+    return (n * (costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t])
+            + costs.allreduce[t] + costs.optimizer[t] + idle)
 
 
 def _covered(served: list[int], workers: int, pool: int, total: int) -> bool:

@@ -34,7 +34,15 @@ from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 
-from planner.bounds import Bound, chain_below, first_op_to_last_b, holds, paced_stage, stage_hops
+from planner.bounds import (
+    Bound,
+    alive_per_stage,
+    chain_below,
+    first_op_to_last_b,
+    holds,
+    paced_stage,
+    stage_hops,
+)
 from planner.bounds_sharing import crossing_cost, least_period
 from planner.spec import JobSpec, StageCosts, Worker
 
@@ -115,7 +123,7 @@ def late_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
     dead = set(map(tuple, failed))
-    alive = [sum(1 for p in range(job.pipelines) if (p, s) not in dead) for s in range(S)]
+    alive = alive_per_stage(job, failed)
     if 0 in alive:
         return Bound(0.0, "")  # a stage with no survivor: no plan exists to bound
     hop = stage_hops(costs, S)

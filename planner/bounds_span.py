@@ -33,14 +33,11 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from planner.bounds import Bound, chain_below, stage_hops
+from planner.bounds import Bound, alive_per_stage, bisect_covering, chain_below, stage_hops
 from planner.bounds_late import late_sides, stage_stretches, way_there_and_back
 from planner.bounds_sharing import most_served
 from planner.spec import JobSpec, Worker
 
-BISECTION_MS = 1e-9
-"""The bound is the largest P the bisection proved not to cover the stage: at most this far below
-the least covering P, never above it."""
 _EPS = 1e-9
 
 
@@ -104,8 +101,7 @@ def span_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker
     there; a result at or below it is not reported)."""
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
-    dead = set(map(tuple, failed))
-    alive = [sum(1 for p in range(job.pipelines) if (p, s) not in dead) for s in range(S)]
+    alive = alive_per_stage(job, failed)
     if 0 in alive:
         return Bound(0.0, "")
     hop = stage_hops(costs, S)
@@ -147,8 +143,9 @@ def _coverage(starts: Counter, pairings: list[dict[tuple[float, float], int]], t
 
 
 def _least_covering(covers: Callable[[float], bool], floor_ms: float) -> float | None:
-    """The largest period the bisection proves not to cover (within `BISECTION_MS` of the least
-    covering one); None when `floor_ms` already covers (nothing above what is proven)."""
+    """The largest period the bisection proves not to cover (within `bounds.BISECTION_MS` of the
+    least covering one, never above it); None when `floor_ms` already covers (nothing above what is
+    proven)."""
     lo = floor_ms
     if covers(lo):
         return None
@@ -157,10 +154,4 @@ def _least_covering(covers: Callable[[float], bool], floor_ms: float) -> float |
         hi *= 2
         if hi > 1e12:  # never for a job the spec accepts; a bound must not hang
             return None
-    while hi - lo > BISECTION_MS:
-        mid = (lo + hi) / 2
-        if covers(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return bisect_covering(covers, lo, hi)[0]

@@ -111,9 +111,9 @@ def test_a_worker_span_adds_the_drain_only_after_a_forward_outside_the_pool():
     again 4 away less the B and W of the first still held (7): 16 + 1 + 4 + 0 = 21. None from the
     pool: 8 + 1 + 5 (fill) + 4 (drain) = 18."""
     costs = JobSpec.parse(TWO_BY_THREE).costs
-    assert worker_span(costs, 1, 1, 1, 4.0, drain_idle=4.0) == 13.0
-    assert worker_span(costs, 1, 2, 1, 4.0, drain_idle=0.0) == 21.0
-    assert worker_span(costs, 1, 1, 0, 4.0, drain_idle=4.0) == 18.0
+    assert worker_span(costs, 1, 1, 1, 4.0, after_last_f=4.0) == 13.0
+    assert worker_span(costs, 1, 2, 1, 4.0, after_last_f=0.0) == 21.0
+    assert worker_span(costs, 1, 1, 0, 4.0, after_last_f=4.0) == 18.0
 
 
 def test_the_split_of_the_forwards_is_a_knapsack():
