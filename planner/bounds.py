@@ -324,6 +324,10 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
 
     fed = fed_fill_bound(job, failed, floor_ms=best.value_ms)
     best = fed if fed.value_ms > best.value_ms else best
+    from planner.bounds_queue import queued_fill_bound  # it builds on bound 1's fill and drain
+
+    queued = queued_fill_bound(job, failed)
+    best = queued if queued.value_ms > best.value_ms else best
     from planner.bounds_span import span_round_trip_bound  # it builds on bound 8's delays
 
     span = span_round_trip_bound(job, failed, floor_ms=best.value_ms)
@@ -332,7 +336,7 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
 
 def routing_bound(job: JobSpec, busiest: list[int], failure_bound_ms: float) -> float:
     """`lower_bound(job, failed, busiest=busiest).value_ms` for a routing of the failure set whose
-    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-10 again: those do not
+    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-11 again: those do not
     depend on the loads, and `busiest` is at least the default n_s at every stage, where bounds 1-3
     only grow, so the largest of the routing's bounds 1-3 and the failure set's bound is the same
     number (`candidates._beaten` asks for it once per candidate routing: 0.8 of a 4.3 s solve of

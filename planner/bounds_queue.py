@@ -1,0 +1,79 @@
+"""Bound 11 (docs/notes/bounds.md, section 12): the first gradients queue at a narrower stage below.
+
+Bound 1 lets every stage-t worker's first round trip go down and back at the uncongested pace. When
+stage t + 1 has fewer survivors than stage t (a failure below the bottleneck), the stage-t workers'
+first round trips all need a stage-(t + 1) worker at the same time, early in the iteration, and
+some stage-(t + 1) worker serves two or more of them one after the other: the last of those
+gradients comes back later than bound 1 assumes, and its stage-t worker has only k_t forwards to
+fill the wait with. A later start does not help it: stage t all-reduces together (rule 5), so a
+worker that starts late only moves its idle to the others.
+
+With A = alive_t > A' = alive_{t + 1}, every stage-t worker serving n = D x M / A micro-batches
+(the argument needs even loads; a worker with more already costs (n + 1)(F_t + B_t + W_t) + AR_t +
+OPT_t), a_x the first F start of stage-t worker x, a the least of them, R_x the start of x's first
+B, T the all-reduce start, h the least hop between t and t + 1, k = min(k_t, n):
+- x runs only forwards before R_x (no W without a B), at most k of them, so it idles at least
+  R_x - a_x - k F_t there; with bound 1's drain after its last F (disjoint when n > k):
+  T >= a_x + n (F_t + B_t + W_t) + R_x - a_x - k F_t + drain.
+- The worker that starts at a spans T + AR_t + OPT_t - a <= P. With G = P - n (F_t + B_t + W_t) -
+  AR_t - OPT_t - drain: R_x <= a + k F_t + G for every x.
+- x's first B is that of some micro-batch it forwarded, a different one for each x. That micro-batch
+  reached stage t + 1 at >= a + F_t + h and its B there ended by R_x - h: A micro-batches, each
+  with its F and B at stage t + 1 (F' and B', c' the least round trip below t + 1 between them) in
+  the window [a + F_t + h, a + k F_t + G - h], of length L = (k - 1) F_t + G - 2h. Some
+  stage-(t + 1) worker serves q = ceil(A / A') of them, and its F's and B's do not overlap:
+  L >= max(q (F' + B'), F' + c' + B').
+So P >= n (F_t + B_t + W_t) + AR_t + OPT_t + drain + max(0, max(q (F' + B'), F' + c' + B') + 2h
+- (k - 1) F_t). With q = 1 that is bound 1; it binds where q (F' + B') is the larger term.
+"""
+
+from __future__ import annotations
+
+from planner.bounds import (
+    Bound,
+    alive_per_stage,
+    chain_below,
+    drain_idle,
+    holds,
+    stage_hops,
+)
+from planner.spec import JobSpec, Worker
+
+
+def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
+    """Bound 11 over every stage t with more survivors than stage t + 1 and a whole number of
+    micro-batches per survivor; Bound(0, "") where no stage qualifies."""
+    costs = job.costs
+    S, total = job.stages, job.pipelines * job.microbatches
+    alive = alive_per_stage(job, failed)
+    if min(alive) == 0:
+        return Bound(0.0, "")  # a stage without survivors: no plan at all
+    hop = stage_hops(costs, S)
+    best = Bound(0.0, "")
+    for t in range(S - 1):
+        value = _stage_bound(job, t, alive[t], alive[t + 1], total, hop)
+        if value > best.value_ms:
+            best = Bound(value, f"first gradients queued below stage {t}: {alive[t]} workers there "
+                                f"share {alive[t + 1]} at stage {t + 1}")
+    return best
+
+
+def _stage_bound(job: JobSpec, t: int, here: int, below: int, total: int, hop: list[float]) -> float:
+    """The module docstring's value for stage t (0 where it does not apply)."""
+    if here <= below or total % here:
+        return 0.0
+    costs = job.costs
+    n = total // here
+    f, work = costs.forward[t], costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]
+    f_next, b_next = costs.forward[t + 1], costs.backward_input[t + 1]
+    below_next = chain_below(costs, hop, t + 1)  # c': 0 at the last stage
+    k = min(holds(costs, t, n), n)
+    queued = -(-here // below)
+    window = max(queued * (f_next + b_next), f_next + below_next + b_next)
+    fill = max(0.0, window + 2 * hop[t] - (k - 1) * f)
+    chain = chain_below(costs, hop, t)
+    drain = drain_idle(costs, t, n, k, chain)
+    tail = costs.allreduce[t] + costs.optimizer[t]
+    idle = fill + drain if n > k else max(fill, drain)
+    # Uneven loads put n + 1 on some worker: its work alone is then the bound.
+    return min(n * work + tail + idle, (n + 1) * work + tail)

@@ -1,0 +1,156 @@
+"""Bound 11, the first gradients queue at a narrower stage below (planner/bounds_queue.py,
+docs/notes/bounds.md section 12): hand-worked values, where it claims nothing, and falsification
+by random valid plans, the heuristic and CP-SAT (its floor at 0) on jobs with a failure at the
+stage below a full one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import planner.bounds_queue as bounds_queue
+from planner.bounds import Bound, lower_bound
+from planner.bounds_queue import queued_fill_bound
+from planner.solve import plan
+from planner.spec import JobSpec
+from tests.planner.test_bound_soundness import random_valid_periods
+from tests.planner.test_bound_wave import cp_sat_unfloored
+
+# Made-up job #8 of `benchmarks/gap_unseen.py --seed 55`.
+SIX_BY_THREE = {"pipelines": 6, "stages": 3, "microbatches": 10, "forward_ms": [4.7, 6.5, 4.5],
+                "backward_input_ms": [4.4, 7.4, 4.5], "backward_weight_ms": [1.5, 5.6, 2.4],
+                "p2p_ms": 0.84, "cross_pipeline_p2p_ms": 2.28, "allreduce_ms": 19.4, "optimizer_ms": 2.2,
+                "activation_mb": [1.7, 3.3, 2.0], "activation_w_mb": [0.42, 2.47, 1.5],
+                "memory_limit_mb": 10.8}
+
+# Made-up job #7 of `benchmarks/gap_unseen.py --seed 39`.
+FIVE_BY_TWO = {"pipelines": 5, "stages": 2, "microbatches": 5, "forward_ms": [5.4, 2.4],
+               "backward_input_ms": [4.9, 2.3], "backward_weight_ms": [3.7, 2.3], "p2p_ms": 0.53,
+               "cross_pipeline_p2p_ms": 1.08, "allreduce_ms": 31.6, "optimizer_ms": 4.6,
+               "activation_mb": [3.0, 3.9], "activation_w_mb": [3.0, 3.9], "memory_limit_mb": 7.8}
+
+
+def without_it(job: JobSpec, failed, monkeypatch) -> float:
+    """`lower_bound` with bound 11 withheld."""
+    with monkeypatch.context() as patched:
+        patched.setattr(bounds_queue, "queued_fill_bound", lambda *_: Bound(0.0, ""))
+        return lower_bound(job, failed).value_ms
+
+
+def test_six_first_gradients_on_five_workers(monkeypatch):
+    """6 x 3 x 10, (5, 2) dead. Stage 1 is the bottleneck: 10 x (6.5 + 7.4 + 5.6) = 195 of work
+    each, all-reduce and optimizer 21.6: 216.6 (bound 4 prices the cut worker's crossings: 217.16).
+    A stage-1 worker holds three (3 x 3.3 <= 10.8), so its three forwards cover 19.5 - 6.5 = 13 ms
+    of its first round trip, which takes 0.84 + 4.5 + 4.5 + 0.84 = 10.68 alone. Six first
+    gradients need five stage-2 workers: one serves two, F and B each, 18 ms, all after the
+    earliest could arrive: the later one is back 18 + 1.68 - 13 = 6.68 ms after its worker ran out
+    of forwards, and a later start only moves that idle to the others (one all-reduce): 223.28.
+    CP-SAT's routing-fixed model from the 10 s plan (224.72) reaches 223.28 in 90 s."""
+    job, failed = JobSpec.parse(SIX_BY_THREE), [(5, 2)]
+    assert without_it(job, failed, monkeypatch) == pytest.approx(217.16)
+    queued = queued_fill_bound(job, failed)
+    assert queued.value_ms == pytest.approx(223.28, abs=1e-9)
+    assert queued.reason == "first gradients queued below stage 1: 6 workers there share 5 at stage 2"
+    assert lower_bound(job, failed).value_ms == pytest.approx(223.28, abs=1e-9)
+    assert plan(job, failed, use_cp=False).iteration_ms >= 223.28 - 1e-9
+
+
+def test_five_first_gradients_on_four_workers(monkeypatch):
+    """5 x 2 x 5, (3, 1) dead: stage 0 carries 5 x (5.4 + 4.9 + 3.7) = 70 each, all-reduce and
+    optimizer 36.2; it holds two (2 x 3.0 <= 7.8), one forward to cover a round trip of 0.53 + 2.4
+    + 2.3 + 0.53. One stage-1 worker serves two first micro-batches: 2 x 4.7 = 9.4, back 9.4 +
+    1.06 - 5.4 = 5.06 ms late: 111.26 (the others: 107.66). The 10 s plan reaches 111.26."""
+    job, failed = JobSpec.parse(FIVE_BY_TWO), [(3, 1)]
+    assert without_it(job, failed, monkeypatch) == pytest.approx(107.66)
+    assert queued_fill_bound(job, failed).value_ms == pytest.approx(111.26, abs=1e-9)
+    assert plan(job, failed, use_cp=False).iteration_ms >= 111.26 - 1e-9
+
+
+def test_uneven_loads_cap_it():
+    """2 x 2 x 1, (0, 1) dead, stage 0 light (F = B = W = 1) and stage 1 heavy (F = B = 5): the
+    two first micro-batches queue 20 ms at stage 1, but one stage-0 worker may serve both and the
+    other none: 2 x 3 + 1 = 7 is all this bound may claim."""
+    job = JobSpec.parse({"pipelines": 2, "stages": 2, "microbatches": 1, "forward_ms": [1.0, 5.0],
+                         "backward_input_ms": [1.0, 5.0], "backward_weight_ms": [1.0, 1.0],
+                         "p2p_ms": 0.0, "cross_pipeline_p2p_ms": 0.0, "allreduce_ms": 1.0,
+                         "optimizer_ms": 0.0, "activation_mb": 1.0, "activation_w_mb": 1.0,
+                         "memory_limit_mb": 4.0})
+    assert queued_fill_bound(job, [(0, 1)]).value_ms == 7.0
+
+
+@pytest.mark.parametrize("failed", [
+    [],                  # no stage narrower than the one above it
+    [(5, 1)],            # stage 1 narrower than stage 0, whose survivors hold enough
+    [(5, 1), (4, 2)],    # 5 stage-1 workers do not split 60 evenly
+])
+def test_it_claims_nothing_where_it_does_not_apply(failed, monkeypatch):
+    job = JobSpec.parse(SIX_BY_THREE)
+    assert queued_fill_bound(job, failed).value_ms <= without_it(job, failed, monkeypatch)
+
+
+def test_a_stage_without_survivors_claims_nothing():
+    job = JobSpec.parse(FIVE_BY_TWO)
+    assert queued_fill_bound(job, [(p, 1) for p in range(5)]).value_ms == 0.0
+
+
+def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
+    """A full stage t, the heaviest, over a stage t + 1 that lost one or two workers: stage t holds
+    one to three micro-batches and its F is short against F + B below, so the first gradients
+    queue; the other stages are light."""
+    D, S = rng.randint(2, 4), rng.randint(2, 3)
+    t = rng.randrange(S - 1)
+
+    def ms(s: int, heavy: tuple[int, int], below: tuple[int, int]) -> float:
+        return float(rng.randint(*heavy) if s == t else rng.randint(*below) if s == t + 1
+                     else rng.randint(1, 2))
+
+    spec = {"pipelines": D, "stages": S, "microbatches": rng.randint(1, 4),
+            "forward_ms": [ms(s, (1, 2), (1, 4)) for s in range(S)],
+            "backward_input_ms": [ms(s, (3, 7), (1, 4)) for s in range(S)],
+            "backward_weight_ms": [ms(s, (2, 5), (1, 2)) for s in range(S)],
+            "p2p_ms": float(rng.randint(0, 1)), "cross_pipeline_p2p_ms": float(rng.randint(1, 2)),
+            "allreduce_ms": float(rng.randint(0, 3)), "optimizer_ms": float(rng.randint(0, 2)),
+            "activation_mb": [2.0 if s == t else 1.0 for s in range(S)],
+            "activation_w_mb": [float(rng.choice([1, 2])) if s == t else 1.0 for s in range(S)],
+            "memory_limit_mb": 2.0 * rng.randint(1, 3) + 1.0}
+    dead = rng.sample(range(D), 1 if D < 3 or rng.random() < 0.6 else 2)
+    return JobSpec.parse(spec), sorted((p, t + 1) for p in dead)
+
+
+def queue_cases():
+    return st.integers(0, 2**31).map(lambda seed: (*drawn_case(random.Random(seed)), seed))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(queue_cases())
+def test_no_random_valid_plan_nor_the_heuristic_beats_it(case):
+    job, failed, seed = case
+    periods = random_valid_periods(job, failed, seed, 20)
+    periods.append(plan(job, failed, use_cp=False).iteration_ms)
+    assert min(periods) >= queued_fill_bound(job, failed).value_ms - 1e-9
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(queue_cases())
+def test_cp_sat_without_the_bound_never_beats_it(case):
+    """CP-SAT's full model with its floor at 0 (not at the analytic bound), from the heuristic plan."""
+    job, failed, _ = case
+    best, _ = cp_sat_unfloored(job, failed, deterministic_time=1.0)
+    bound = queued_fill_bound(job, failed).value_ms
+    assert best >= bound - 1e-9, (best, bound)
+
+
+def test_the_draw_exercises_it(monkeypatch):
+    """Guards the draw: in 100 fixed draws the bound applies often and raises the others in some."""
+    applies = raises = 0
+    for seed in range(100):
+        job, failed = drawn_case(random.Random(seed))
+        queued = queued_fill_bound(job, failed).value_ms
+        applies += queued > 0
+        raises += queued > without_it(job, failed, monkeypatch) + 1e-9
+    assert applies >= 90 and raises >= 5, (applies, raises)
