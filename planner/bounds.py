@@ -68,6 +68,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    to a stage u above stage t, stage u holds every micro-batch it has started, so stage t's workers
    together start at most alive_u x k_u forwards before their first B's; where bound 1's fill
    needs more, some of them idle longer, and the stage's micro-batches must still be covered.
+11. The first gradients queue at a narrower stage below (`planner.bounds_queue`): with fewer
+   survivors at stage t + 1 than at t, some stage-(t + 1) worker serves two or more of stage t's
+   first round trips in a row, inside the window a stage-t worker's own forwards cover; stage t
+   all-reduces together, so starting a worker later only moves its idle to the others.
 """
 
 from __future__ import annotations
