@@ -99,7 +99,8 @@ def test_a_stage_without_survivors_claims_nothing():
 def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
     """A full stage t, the heaviest, over a stage t + 1 that lost one or two workers: stage t holds
     one to three micro-batches and its F is short against F + B below, so the first gradients
-    queue; the other stages are light."""
+    queue; the other stages are light (`benchmarks/falsify_queued_fill.py` draws from it too, for
+    longer runs)."""
     D, S = rng.randint(2, 4), rng.randint(2, 3)
     t = rng.randrange(S - 1)
 
