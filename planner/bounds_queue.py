@@ -25,6 +25,10 @@ B, T the all-reduce start, h the least hop between t and t + 1, k = min(k_t, n):
   L >= max(q (F' + B'), F' + c' + B').
 So P >= n (F_t + B_t + W_t) + AR_t + OPT_t + drain + max(0, max(q (F' + B'), F' + c' + B') + 2h
 - (k - 1) F_t). With q = 1 that is bound 1; it binds where q (F' + B') is the larger term.
+
+The same holds at any deeper stage u with fewer survivors than t: the micro-batches pass the
+stages between on the way down and back, so the window there is shorter by sum_{t<v<u}(F_v + B_v)
+and the hops between (F', B', c' and h become stage u's, the hops summed from t to u).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from planner.spec import JobSpec, Worker
 
 
 def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
-    """Bound 11 over every stage t with more survivors than stage t + 1 and a whole number of
-    micro-batches per survivor; Bound(0, "") where no stage qualifies."""
+    """Bound 11 over every stage t with a whole number of micro-batches per survivor and every
+    stage u below it with fewer survivors; Bound(0, "") where no pair qualifies."""
     costs = job.costs
     S, total = job.stages, job.pipelines * job.microbatches
     alive = alive_per_stage(job, failed)
@@ -51,26 +55,27 @@ def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
     hop = stage_hops(costs, S)
     best = Bound(0.0, "")
     for t in range(S - 1):
-        value = _stage_bound(job, t, alive[t], alive[t + 1], total, hop)
-        if value > best.value_ms:
-            best = Bound(value, f"first gradients queued below stage {t}: {alive[t]} workers there "
-                                f"share {alive[t + 1]} at stage {t + 1}")
+        for u in range(t + 1, S):
+            value = _stage_bound(job, t, u, alive[t], alive[u], total, hop)
+            if value > best.value_ms:
+                best = Bound(value, f"first gradients queued below stage {t}: {alive[t]} workers there "
+                                    f"share {alive[u]} at stage {u}")
     return best
 
 
-def _stage_bound(job: JobSpec, t: int, here: int, below: int, total: int, hop: list[float]) -> float:
-    """The module docstring's value for stage t (0 where it does not apply)."""
+def _stage_bound(job: JobSpec, t: int, u: int, here: int, below: int, total: int, hop: list[float]) -> float:
+    """The module docstring's value for stage t queued at stage u > t (0 where it does not apply)."""
     if here <= below or total % here:
         return 0.0
     costs = job.costs
     n = total // here
     f, work = costs.forward[t], costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]
-    f_next, b_next = costs.forward[t + 1], costs.backward_input[t + 1]
-    below_next = chain_below(costs, hop, t + 1)  # c': 0 at the last stage
+    f_u, b_u = costs.forward[u], costs.backward_input[u]
+    between = sum(costs.forward[v] + costs.backward_input[v] for v in range(t + 1, u)) + 2 * sum(hop[t:u])
     k = min(holds(costs, t, n), n)
     queued = -(-here // below)
-    window = max(queued * (f_next + b_next), f_next + below_next + b_next)
-    fill = max(0.0, window + 2 * hop[t] - (k - 1) * f)
+    window = between + max(queued * (f_u + b_u), f_u + chain_below(costs, hop, u) + b_u)
+    fill = max(0.0, window - (k - 1) * f)
     chain = chain_below(costs, hop, t)
     drain = drain_idle(costs, t, n, k, chain)
     tail = costs.allreduce[t] + costs.optimizer[t]

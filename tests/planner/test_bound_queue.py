@@ -69,6 +69,30 @@ def test_five_first_gradients_on_four_workers(monkeypatch):
     assert plan(job, failed, use_cp=False).iteration_ms >= 111.26 - 1e-9
 
 
+# Made-up job #9 of `benchmarks/gap_unseen.py --seed 5`.
+SIX_BY_THREE_DEEP = {"pipelines": 6, "stages": 3, "microbatches": 10, "forward_ms": [8.9, 5.6, 5.1],
+                     "backward_input_ms": [9.3, 5.1, 5.7], "backward_weight_ms": [5.8, 3.5, 2.9],
+                     "p2p_ms": 0.52, "cross_pipeline_p2p_ms": 2.93, "allreduce_ms": 8.8,
+                     "optimizer_ms": 2.9, "activation_mb": [1.4, 1.1, 2.0],
+                     "activation_w_mb": [1.4, 1.1, 2.0], "memory_limit_mb": 6.0}
+
+
+def test_the_queue_two_stages_down(monkeypatch):
+    """6 x 3 x 10, (5, 2) dead: stage 0 is the bottleneck, 10 x (8.9 + 9.3 + 5.8) = 240 of work
+    each, all-reduce and optimizer 11.7: 251.7. It holds four (4 x 1.4 <= 6), three forwards
+    (26.7 ms) to cover its first round trip. Six first micro-batches meet five stage-2 workers: the
+    one served second reaches stage 2 after stage 1's F and hops, and its gradient comes back
+    through stage 1's B: (5.6 + 5.1) + 4 x 0.52 + 2 x (5.1 + 5.7) = 34.38, 7.68 ms more than the
+    forwards cover: 259.38 (bounds 1-10: 253.40; the 10 s plan 261.8). Stage 1, with six
+    survivors, queues nothing."""
+    job, failed = JobSpec.parse(SIX_BY_THREE_DEEP), [(5, 2)]
+    assert without_it(job, failed, monkeypatch) == pytest.approx(253.40)
+    queued = queued_fill_bound(job, failed)
+    assert queued.value_ms == pytest.approx(259.38, abs=1e-9)
+    assert queued.reason == "first gradients queued below stage 0: 6 workers there share 5 at stage 2"
+    assert plan(job, failed, use_cp=False).iteration_ms >= 259.38 - 1e-9
+
+
 def test_uneven_loads_cap_it():
     """2 x 2 x 1, (0, 1) dead, stage 0 light (F = B = W = 1) and stage 1 heavy (F = B = 5): the
     two first micro-batches queue 20 ms at stage 1, but one stage-0 worker may serve both and the
@@ -118,7 +142,8 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
             "activation_w_mb": [float(rng.choice([1, 2])) if s == t else 1.0 for s in range(S)],
             "memory_limit_mb": 2.0 * rng.randint(1, 3) + 1.0}
     dead = rng.sample(range(D), 1 if D < 3 or rng.random() < 0.6 else 2)
-    return JobSpec.parse(spec), sorted((p, t + 1) for p in dead)
+    below = t + 1 if t + 2 >= S or rng.random() < 0.6 else t + 2  # the narrower stage, at times deeper
+    return JobSpec.parse(spec), sorted((p, below) for p in dead)
 
 
 def queue_cases():
