@@ -151,6 +151,19 @@ def forced_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> floa
     return warmup_idle + after_last_f if n > k else max(warmup_idle, after_last_f)
 
 
+def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, after_last_f: float) -> float:
+    """The least period a stage-t worker with n micro-batches allows when it runs k forwards before
+    its first B, whose gradient is `chain` away: its work, all-reduce and optimizer, the fill idle
+    (`fill_idle`) and the idle `after_last_f` (`drain_idle`), summed where n > k (its last F is not
+    one of the k, so the drain window follows the fill window), the larger of the two otherwise
+    (bounds 10 and 11: the forwards a pool above allows, the chain a queue below lengthens)."""
+    k = min(k, n)
+    fill = fill_idle(costs, t, n, k, chain)
+    idle = fill + after_last_f if n > k else max(fill, after_last_f)
+    return (n * (costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t])
+            + costs.allreduce[t] + costs.optimizer[t] + idle)
+
+
 def stretch_to_last_b(costs: StageCosts, s: int, n: int, k: int, chain: float, fill: float) -> float:
     """Least time from a stage-s worker's first op to its last B end (module docstring, 2.): every
     F and B, the W's not deferred past the last B, and the fill and drain idle, where deferring a W

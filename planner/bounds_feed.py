@@ -37,9 +37,9 @@ from planner.bounds import (
     bisect_covering,
     chain_below,
     drain_idle,
-    fill_idle,
     holds,
     stage_hops,
+    worker_span,
 )
 from planner.spec import JobSpec, StageCosts, Worker
 
@@ -119,18 +119,6 @@ def _stage_bound(costs: StageCosts, t: int, workers: int, pool: int, total: int,
             inside.add(span(n, k))
             n -= 1
     return min((value for value in inside if covers(value)), default=low)
-
-
-def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, after_last_f: float) -> float:
-    """The least period a stage-t worker with n micro-batches allows when k of its forwards are from
-    the pool: its work, all-reduce and optimizer, the fill idle k forwards leave and bound 1's idle
-    `after_last_f` (`bounds.drain_idle`), summed where n > k (its last F is not one of the k, so
-    the drain window follows the fill window), the larger of the two otherwise."""
-    k = min(k, n)
-    fill = fill_idle(costs, t, n, k, chain)
-    idle = fill + after_last_f if n > k else max(fill, after_last_f)
-    return (n * (costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t])
-            + costs.allreduce[t] + costs.optimizer[t] + idle)
 
 
 def _covered(served: list[int], workers: int, pool: int, total: int) -> bool:

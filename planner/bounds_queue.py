@@ -40,8 +40,9 @@ from planner.bounds import (
     drain_idle,
     holds,
     stage_hops,
+    worker_span,
 )
-from planner.spec import JobSpec, Worker
+from planner.spec import JobSpec, StageCosts, Worker
 
 
 def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> Bound:
@@ -55,30 +56,30 @@ def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
     hop = stage_hops(costs, S)
     best = Bound(0.0, "")
     for t in range(S - 1):
-        for u in range(t + 1, S):
-            value = _stage_bound(job, t, u, alive[t], alive[u], total, hop)
+        narrower = [u for u in range(t + 1, S) if alive[u] < alive[t]]
+        if not narrower or total % alive[t]:
+            continue  # the argument needs a queue below and even loads at t
+        n = total // alive[t]
+        k = min(holds(costs, t, n), n)
+        chain = chain_below(costs, hop, t)
+        drain = drain_idle(costs, t, n, k, chain)
+        # Uneven loads put n + 1 on some worker: its work alone is then the bound.
+        uneven = (n + 1) * (costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]) \
+            + costs.allreduce[t] + costs.optimizer[t]
+        for u in narrower:
+            queued = -(-alive[t] // alive[u])  # first round trips one stage-u worker serves
+            value = min(worker_span(costs, t, n, k, _queued_chain(costs, hop, t, u, queued), drain),
+                        uneven)
             if value > best.value_ms:
                 best = Bound(value, f"first gradients queued below stage {t}: {alive[t]} workers there "
                                     f"share {alive[u]} at stage {u}")
     return best
 
 
-def _stage_bound(job: JobSpec, t: int, u: int, here: int, below: int, total: int, hop: list[float]) -> float:
-    """The module docstring's value for stage t queued at stage u > t (0 where it does not apply)."""
-    if here <= below or total % here:
-        return 0.0
-    costs = job.costs
-    n = total // here
-    f, work = costs.forward[t], costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t]
-    f_u, b_u = costs.forward[u], costs.backward_input[u]
+def _queued_chain(costs: StageCosts, hop: list[float], t: int, u: int, queued: int) -> float:
+    """Bound 1's round trip below stage t when the last of `queued` first round trips a stage-u
+    worker serves must also wait for the F and B of the others there: the stages between t and u
+    (F, B and the hops) on the way, then `queued` x (F_u + B_u), or the uncongested round trip."""
     between = sum(costs.forward[v] + costs.backward_input[v] for v in range(t + 1, u)) + 2 * sum(hop[t:u])
-    k = min(holds(costs, t, n), n)
-    queued = -(-here // below)
-    window = between + max(queued * (f_u + b_u), f_u + chain_below(costs, hop, u) + b_u)
-    fill = max(0.0, window - (k - 1) * f)
-    chain = chain_below(costs, hop, t)
-    drain = drain_idle(costs, t, n, k, chain)
-    tail = costs.allreduce[t] + costs.optimizer[t]
-    idle = fill + drain if n > k else max(fill, drain)
-    # Uneven loads put n + 1 on some worker: its work alone is then the bound.
-    return min(n * work + tail + idle, (n + 1) * work + tail)
+    return max(between + queued * (costs.forward[u] + costs.backward_input[u]),
+               between + costs.forward[u] + chain_below(costs, hop, u) + costs.backward_input[u])

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner.bounds_feed as bounds_feed
-from planner.bounds import Bound, lower_bound
-from planner.bounds_feed import _covered, fed_fill_bound, worker_span
+from planner.bounds import Bound, lower_bound, worker_span
+from planner.bounds_feed import _covered, fed_fill_bound
 from planner.solve import plan
 from planner.spec import JobSpec
 from tests.planner.test_bound_soundness import random_valid_periods
