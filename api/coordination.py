@@ -336,16 +336,11 @@ class Coordinator(Replanning):
         tick = time.monotonic()
         while True:
             await asyncio.sleep(period)
+            await read_waiting_beats(period)
             # A tick far later than planned means the event loop itself was stalled (e.g. thousands
             # of workers registering at once): beats queued meanwhile were not read, so that time is
             # not the workers' silence (without this, a start-up storm failed live workers).
             late, tick = time.monotonic() - tick - period, time.monotonic()
-            # Let the loop poll the sockets once before judging silence. libuv runs due timers
-            # before it polls: after a stall shorter than a heartbeat interval (not excused below)
-            # this tick ran before the beats that arrived during the stall were read, and a live
-            # worker whose beat sat unread in the socket buffer was declared failed
-            # (tests/api/test_watchdog_stall.py).
-            await asyncio.sleep(0)
             gc_pauses.tick()
             for live in list(self._members.values()):
                 if late > self.settings.heartbeat_interval_s:
@@ -365,3 +360,22 @@ class Coordinator(Replanning):
         self.metrics.generation.labels(live.job.id).set(m.generation)
         self.metrics.alive_workers.labels(live.job.id).set(m.alive_count(time.monotonic()))
         self.metrics.failed_workers.labels(live.job.id).set(len(m.failed))
+
+
+async def read_waiting_beats(period: float, tries: int = 3) -> None:
+    """Let the loop poll the sockets before the watchdog judges silence.
+
+    libuv runs due timers before it polls: after a stall shorter than a heartbeat interval (not
+    excused), the watchdog's tick ran before the beats that arrived during the stall were read,
+    and a live worker whose beat sat unread in the socket buffer was declared failed. One yield
+    is one poll, but the loop can also stall inside that poll (a long callback among the ready
+    sockets), after the poll took its list of ready sockets: a beat written meanwhile is still
+    unread when the yield returns. So yield again while a yield took longer than a watchdog
+    period; a beat that arrived within one period of the judgement is within the watchdog's own
+    resolution. At most `tries` yields: a saturated loop must not starve the watchdog
+    (tests/api/test_watchdog_stall.py)."""
+    for _ in range(tries):
+        yielded = time.monotonic()
+        await asyncio.sleep(0)
+        if time.monotonic() - yielded < period:
+            return

@@ -15,7 +15,14 @@ worker failed.
 
 The order of events is forced, not timed: the stall waits until the beat has been written before
 it ends, so a slow box can only make the stall start later (shorter), never let the beat miss it.
-An earlier version beat from a thread on a 3 s timer and failed once in CI's full suite."""
+An earlier version beat from a thread on a 3 s timer and failed once in CI's full suite.
+
+The second test begins the stall inside the watchdog's own yield to the sockets
+(`coordination.read_waiting_beats`, wrapped here only to write the stalling bytes at that moment):
+the poll that the yield was for finds the stalling connection, takes its list of ready sockets,
+and stalls; the beat written meanwhile is not on that list. A watchdog that yielded once judged
+the silence as soon as the stall ended and declared the worker failed; this once failed CI's full
+suite (the stall began there by chance)."""
 
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import httpx
 import pytest
 import uvicorn
 
+from api import coordination
 from api.fastpath import HeadBeats
 from api.main import create_app
 from api.protocol import guarded_protocol
@@ -48,6 +56,9 @@ class Gate:
     """What the test and the stalling connection share (one per test run)."""
 
     started: threading.Event = field(default_factory=threading.Event)
+    armed: threading.Event = field(default_factory=threading.Event)
+    """Set by the test when the watchdog's next yield should begin the stall (second test)."""
+    staller: socket.socket | None = None
     beat_written: threading.Event = field(default_factory=threading.Event)
     until: float = 0.0
     """Monotonic time before which the stall does not end."""
@@ -71,6 +82,25 @@ class Stall(asyncio.Protocol):
 
 
 def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
+    _beat_through_a_stall(tmp_path, Gate(), in_the_watchdogs_yield=False)
+
+
+def test_a_stall_that_begins_inside_the_watchdogs_yield_is_waited_out(tmp_path, monkeypatch):
+    gate = Gate()
+    real = coordination.read_waiting_beats
+
+    async def stall_in_the_yield(period: float, tries: int = 3) -> None:
+        if gate.armed.is_set() and gate.staller is not None:
+            # Readable before the yield polls: the loop's next poll reads it and stalls.
+            gate.staller.sendall(b"stall")
+            gate.staller = None
+        await real(period, tries)
+
+    monkeypatch.setattr(coordination, "read_waiting_beats", stall_in_the_yield)
+    _beat_through_a_stall(tmp_path, gate, in_the_watchdogs_yield=True)
+
+
+def _beat_through_a_stall(tmp_path, gate: Gate, in_the_watchdogs_yield: bool) -> None:
     port = _free_port()
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'w.db'}", port=port, use_cp=False,
                         heartbeat_interval_s=INTERVAL, heartbeat_timeout_s=TIMEOUT,
@@ -85,7 +115,6 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _until(lambda: server.started, 60, "the server to start")
-        gate = Gate()
         stall_server = asyncio.run_coroutine_threadsafe(
             loop.create_server(lambda: Stall(gate), "127.0.0.1", 0), loop).result(10)
         stall_port = stall_server.sockets[0].getsockname()[1]
@@ -110,7 +139,11 @@ def test_a_beat_waiting_unread_through_a_short_stall_is_not_silence(tmp_path):
                     read_at = time.monotonic()  # after the server read it: the silence is longer
                     gate.until = read_at + SILENCE
                     time.sleep(STALL_AFTER)
-                    staller.sendall(b"stall")
+                    if in_the_watchdogs_yield:
+                        gate.staller = staller
+                        gate.armed.set()  # the watchdog's next tick writes it, within a period
+                    else:
+                        staller.sendall(b"stall")
                     assert gate.started.wait(30), "the loop never read the stalling connection"
                     worker.sendall(request)  # sits unread in the server's socket buffer
                     gate.beat_written.set()
