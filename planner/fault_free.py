@@ -85,12 +85,14 @@ def method() -> str:
     per-stage warm-up overrun rule, `zb_greedy.overrun_threshold`; v6: stage 0's first forwards
     spaced where memory paces it, `Policy.first_stage_spacing`, and the order swaps; v7: CP-SAT's
     answer discarded when its wall cap is hit, and the cap 10 s instead of 60; v8: no CP-SAT step
-    unless asked for, and the grid skips rotations that route like rotation 0)."""
+    unless asked for, and the grid skips rotations that route like rotation 0; v9: the grid's first
+    policies re-run with stage 0 or the bottleneck stage paced where memory is short, as under
+    failures, `candidates.memory_short_stages`)."""
     cp = (f"cp-sat(workers=1,seed={CP_SEED},max_deterministic_time={CP_DETERMINISTIC_S:g},"
           f"wall_cap={CP_WALL_CAP_S:g}s)"
           if CP_DETERMINISTIC_S > 0 else "no-cp")
     swaps = f"+order-swaps({SWAPS},ops-budget={SWAP_OP_BUDGET},seed=0)" if SWAPS > 0 else ""
-    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v8"
+    return f"heuristic(full-grid,no-time-budget){swaps}+{cp}/v9"
 
 
 @dataclass(frozen=True)
