@@ -144,11 +144,14 @@ def drain_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float
 def forced_idle(costs: StageCosts, s: int, n: int, k: int, chain: float) -> float:
     """Bound 1's idle of a stage-s worker with n micro-batches, k held at once and round trip
     `chain` below it: before its first B and after its last F (module docstring, 1.)."""
-    warmup_idle = fill_idle(costs, s, n, k, chain)
-    after_last_f = drain_idle(costs, s, n, k, chain)
-    # The windows before the first B and after the last F are disjoint when n > k (the (k+1)-th F
-    # needs memory a W frees, and a W needs a B); otherwise only the larger counts.
-    return warmup_idle + after_last_f if n > k else max(warmup_idle, after_last_f)
+    return fill_and_drain(fill_idle(costs, s, n, k, chain), drain_idle(costs, s, n, k, chain), n, k)
+
+
+def fill_and_drain(fill: float, after_last_f: float, n: int, k: int) -> float:
+    """A worker's idle before its first B (`fill`) and after its last F (`after_last_f`) together.
+    The two windows are disjoint when n > k (the (k+1)-th F needs memory a W frees, and a W needs a
+    B); otherwise only the larger counts."""
+    return fill + after_last_f if n > k else max(fill, after_last_f)
 
 
 def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, after_last_f: float) -> float:
@@ -157,9 +160,7 @@ def worker_span(costs: StageCosts, t: int, n: int, k: int, chain: float, after_l
     (`fill_idle`) and the idle `after_last_f` (`drain_idle`), summed where n > k (its last F is not
     one of the k, so the drain window follows the fill window), the larger of the two otherwise
     (bounds 10 and 11: the forwards a pool above allows, the chain a queue below lengthens)."""
-    k = min(k, n)
-    fill = fill_idle(costs, t, n, k, chain)
-    idle = fill + after_last_f if n > k else max(fill, after_last_f)
+    idle = fill_and_drain(fill_idle(costs, t, n, k, chain), after_last_f, n, k)
     return (n * (costs.forward[t] + costs.backward_input[t] + costs.backward_weight[t])
             + costs.allreduce[t] + costs.optimizer[t] + idle)
 

@@ -322,7 +322,7 @@ def test_a_memory_paced_fault_free_plan_is_no_worse_than_pacing_stage_0():
     first = [p for p in planner.candidates.heuristic_policies(job) if p.routing_rotation == 0]
     paced = min(replay(job, list_schedule(job, routing, replace(p, paced_stage=0))).iteration_ms
                 for p in first[:planner.candidates.PACED_LIST_POLICIES])
-    made = ff._solve(job, "memory-paced", wall_cap_s=60.0, keep_capped=False)
+    made = ff.fault_free_plan(job)
     assert made.iteration_ms <= paced + 1e-6, (made.iteration_ms, paced, made.policy)
     assert made.iteration_ms >= lower_bound(job, ()).value_ms - 1e-6
     assert replay(job, list(made.ops)).iteration_ms == pytest.approx(made.iteration_ms)
