@@ -22,9 +22,14 @@ B, T the all-reduce start, h the least hop between t and t + 1, k = min(k_t, n):
   with its F and B at stage t + 1 (F' and B', c' the least round trip below t + 1 between them) in
   the window [a + F_t + h, a + k F_t + G - h], of length L = (k - 1) F_t + G - 2h. Some
   stage-(t + 1) worker serves q = ceil(A / A') of them, and its F's and B's do not overlap:
-  L >= max(q (F' + B'), F' + c' + B').
-So P >= n (F_t + B_t + W_t) + AR_t + OPT_t + drain + max(0, max(q (F' + B'), F' + c' + B') + 2h
-- (k - 1) F_t). With q = 1 that is bound 1; it binds where q (F' + B') is the larger term.
+  L >= q (F' + B'). More: each of the q F's there ends at least F' after the window opens and
+  each B starts at least c' after its F ends, so the q-th F to run ends >= q F' in and its B ends
+  >= q F' + c' + B' in, while the q B's, one after another from >= F' + c' in, end >= F' + c' +
+  q B' in: L >= F' + c' + B' + (q - 1) max(F', B') (a round trip below u with the others' F's
+  queued before it or their B's after it; the window is what all q share, so which of them waits
+  does not matter).
+So P >= n (F_t + B_t + W_t) + AR_t + OPT_t + drain + max(0, max(q (F' + B'), F' + c' + B' +
+(q - 1) max(F', B')) + 2h - (k - 1) F_t). With q = 1 that is bound 1.
 
 The same holds at any deeper stage u with fewer survivors than t: the micro-batches pass the
 stages between on the way down and back, so the window there is shorter by sum_{t<v<u}(F_v + B_v)
@@ -79,7 +84,9 @@ def queued_fill_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
 def _queued_chain(costs: StageCosts, hop: list[float], t: int, u: int, queued: int) -> float:
     """Bound 1's round trip below stage t when the last of `queued` first round trips a stage-u
     worker serves must also wait for the F and B of the others there: the stages between t and u
-    (F, B and the hops) on the way, then `queued` x (F_u + B_u), or the uncongested round trip."""
+    (F, B and the hops) on the way, then at stage u `queued` x (F_u + B_u), or one round trip
+    below u with the other F's before it or the other B's after it (module docstring)."""
+    f, b = costs.forward[u], costs.backward_input[u]
     between = sum(costs.forward[v] + costs.backward_input[v] for v in range(t + 1, u)) + 2 * sum(hop[t:u])
-    return max(between + queued * (costs.forward[u] + costs.backward_input[u]),
-               between + costs.forward[u] + chain_below(costs, hop, u) + costs.backward_input[u])
+    return max(between + queued * (f + b),
+               between + f + chain_below(costs, hop, u) + b + (queued - 1) * max(f, b))

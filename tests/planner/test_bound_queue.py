@@ -93,6 +93,36 @@ def test_the_queue_two_stages_down(monkeypatch):
     assert plan(job, failed, use_cp=False).iteration_ms >= 259.38 - 1e-9
 
 
+# Made-up job #8 of `benchmarks/gap_unseen.py --seed 67`.
+FIVE_BY_FIVE = {"pipelines": 5, "stages": 5, "microbatches": 11, "forward_ms": [8.2, 3.7, 9.6, 2.4, 6.8],
+                "backward_input_ms": [8.5, 4.0, 8.7, 2.4, 6.3],
+                "backward_weight_ms": [6.7, 2.1, 2.9, 1.4, 2.7], "p2p_ms": 0.44,
+                "cross_pipeline_p2p_ms": 2.91, "allreduce_ms": 39.6, "optimizer_ms": 4.5,
+                "activation_mb": [4.0, 1.6, 1.6, 1.9, 1.0],
+                "activation_w_mb": [3.0, 1.2, 1.2, 0.47, 0.25], "memory_limit_mb": 20.7}
+
+
+def test_three_first_round_trips_through_one_worker(monkeypatch):
+    """5 x 5 x 11 with three of stage 1's five workers dead. Stage 0 carries 11 x (8.2 + 8.5 + 6.7)
+    = 257.4 each, all-reduce and optimizer 44.1: 301.5. It holds five (5 x 4.0 <= 20.7), so four
+    more forwards (32.8 ms) follow the first before its gradient must be back. Five first
+    micro-batches meet two stage-1 workers: one serves three. Below stage 1 a round trip takes
+    9.6 + 2.4 + 6.8 + 6.3 + 2.4 + 8.7 + 6 x 0.44 = 38.84 ms. On that worker the three F's (3.7)
+    run one after another, so the last of them ends >= 11.1 ms into the window and its B (4.0)
+    ends >= 11.1 + 38.84 + 4.0 in; the three B's run one after another from >= 3.7 + 38.84 in and
+    end >= 3.7 + 38.84 + 12.0 = 54.54 in, the larger. With the hops to stage 1 and back (0.88):
+    54.54 + 0.88 - 32.8 = 22.62 ms the forwards do not cover: 324.12. Counting the queue alone
+    (3 x 7.7) or the round trip alone (46.54) gives 316.12; bound 4 prices the cut workers'
+    crossings at 321.06. The 10 s plan: 331.23."""
+    job, failed = JobSpec.parse(FIVE_BY_FIVE), [(3, 1), (1, 1), (0, 1)]
+    assert without_it(job, failed, monkeypatch) == pytest.approx(321.06)
+    queued = queued_fill_bound(job, failed)
+    assert queued.value_ms == pytest.approx(324.12, abs=1e-9)
+    assert queued.reason == "first gradients queued below stage 0: 5 workers there share 2 at stage 1"
+    assert lower_bound(job, failed).value_ms == pytest.approx(324.12, abs=1e-9)
+    assert plan(job, failed, use_cp=False).iteration_ms >= 324.12 - 1e-9
+
+
 def test_uneven_loads_cap_it():
     """2 x 2 x 1, (0, 1) dead, stage 0 light (F = B = W = 1) and stage 1 heavy (F = B = 5): the
     two first micro-batches queue 20 ms at stage 1, but one stage-0 worker may serve both and the
@@ -144,6 +174,63 @@ def drawn_case(rng: random.Random) -> tuple[JobSpec, list]:
     dead = rng.sample(range(D), 1 if D < 3 or rng.random() < 0.6 else 2)
     below = t + 1 if t + 2 >= S or rng.random() < 0.6 else t + 2  # the narrower stage, at times deeper
     return JobSpec.parse(spec), sorted((p, below) for p in dead)
+
+
+def chain_case(rng: random.Random) -> tuple[JobSpec, list]:
+    """Like `drawn_case` at t = 0 over a stage 1 that lost workers, but with a stage 2 below it, so
+    the round trip below the queue (not the queue alone) sets how late the first gradients come
+    back, and a stage 0 heavy enough that one more micro-batch there (the uneven cap) does not
+    hide it: the term that counts the other F's before that round trip or the other B's after it
+    (`_queued_chain`) decides there."""
+    D = rng.randint(2, 4)
+    spec = {"pipelines": D, "stages": 3, "microbatches": rng.randint(1, 3),
+            "forward_ms": [1.0, float(rng.randint(1, 3)), float(rng.randint(2, 4))],
+            "backward_input_ms": [float(rng.randint(6, 10)), float(rng.randint(1, 3)),
+                                  float(rng.randint(2, 4))],
+            "backward_weight_ms": [float(rng.randint(4, 8)), 1.0, 1.0],
+            "p2p_ms": float(rng.randint(0, 1)), "cross_pipeline_p2p_ms": float(rng.randint(1, 2)),
+            "allreduce_ms": float(rng.randint(0, 3)), "optimizer_ms": float(rng.randint(0, 2)),
+            "activation_mb": [2.0, 1.0, 1.0], "activation_w_mb": [float(rng.choice([1, 2])), 1.0, 1.0],
+            "memory_limit_mb": 2.0 * rng.randint(1, 3) + 1.0}
+    dead = rng.sample(range(D), 1 if D < 3 or rng.random() < 0.5 else 2)
+    return JobSpec.parse(spec), sorted((p, 1) for p in dead)
+
+
+def chain_cases():
+    return st.integers(0, 2**31).map(lambda seed: (*chain_case(random.Random(seed)), seed))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(chain_cases())
+def test_round_trip_below_the_queue_holds(case):
+    """Random valid plans, the heuristic and CP-SAT's full model (floor 0) never beat bound 11
+    where the round trip below the narrower stage is long."""
+    job, failed, seed = case
+    periods = random_valid_periods(job, failed, seed, 20)
+    best, _ = cp_sat_unfloored(job, failed, deterministic_time=0.5)
+    periods.append(best)
+    assert min(periods) >= queued_fill_bound(job, failed).value_ms - 1e-9
+
+
+def test_the_chain_draw_exercises_the_round_trip_term(monkeypatch):
+    """Guards `chain_case`: in 100 fixed draws, counting the others' F's before the round trip below
+    the queue or their B's after it raises bound 11 above what the queue alone or the round trip
+    alone gives in many of them."""
+
+    def either_alone(costs, hop, t, u, queued):
+        between = 2 * sum(hop[t:u])
+        f, b = costs.forward[u], costs.backward_input[u]
+        return max(between + queued * (f + b), between + f + bounds_queue.chain_below(costs, hop, u) + b)
+
+    raised = 0
+    for seed in range(100):
+        job, failed = chain_case(random.Random(seed))
+        with_it = queued_fill_bound(job, failed).value_ms
+        with monkeypatch.context() as patched:
+            patched.setattr(bounds_queue, "_queued_chain", either_alone)
+            raised += with_it > queued_fill_bound(job, failed).value_ms + 1e-9
+    assert raised >= 40, raised
 
 
 def queue_cases():
