@@ -196,13 +196,14 @@ def chain_case(rng: random.Random) -> tuple[JobSpec, list]:
     return JobSpec.parse(spec), sorted((p, 1) for p in dead)
 
 
-def chain_cases():
-    return st.integers(0, 2**31).map(lambda seed: (*chain_case(random.Random(seed)), seed))
+def cases_of(draw):
+    """Hypothesis draws of `draw(rng)` with the seed that made each (for the random plans)."""
+    return st.integers(0, 2**31).map(lambda seed: (*draw(random.Random(seed)), seed))
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(chain_cases())
+@given(cases_of(chain_case))
 def test_round_trip_below_the_queue_holds(case):
     """Random valid plans, the heuristic and CP-SAT's full model (floor 0) never beat bound 11
     where the round trip below the narrower stage is long."""
@@ -233,13 +234,9 @@ def test_the_chain_draw_exercises_the_round_trip_term(monkeypatch):
     assert raised >= 40, raised
 
 
-def queue_cases():
-    return st.integers(0, 2**31).map(lambda seed: (*drawn_case(random.Random(seed)), seed))
-
-
 @settings(max_examples=80, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(queue_cases())
+@given(cases_of(drawn_case))
 def test_no_random_valid_plan_nor_the_heuristic_beats_it(case):
     job, failed, seed = case
     periods = random_valid_periods(job, failed, seed, 20)
@@ -249,7 +246,7 @@ def test_no_random_valid_plan_nor_the_heuristic_beats_it(case):
 
 @settings(max_examples=10, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(queue_cases())
+@given(cases_of(drawn_case))
 def test_cp_sat_without_the_bound_never_beats_it(case):
     """CP-SAT's full model with its floor at 0 (not at the analytic bound), from the heuristic plan."""
     job, failed, _ = case
