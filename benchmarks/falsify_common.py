@@ -76,18 +76,24 @@ def own_value_against_the_rest(module: ModuleType, name: str) -> Measure:
     return measure
 
 
-def falsification_main(doc: str, draw: Draw, measure: Measure, seed: int, cases: int) -> int:
+def falsification_main(doc: str, draw: Draw | dict[str, Draw], measure: Measure, seed: int,
+                        cases: int) -> int:
     """The command line of a falsification script. Draws cases with `draw(rng)` until `--cases` of
     them have `measure(job, failed)` = (the value claimed, the bound without the one falsified), None
     where that bound does not apply. Each is checked against the best of `RANDOM_PLANS` random valid
     plans and the heuristic plan, and, where the claimed value is above the rest, against CP-SAT's
     full model from the heuristic with its floor at 0. Prints those cases and every plan below the
-    claimed value (BELOW); the exit status is 1 if there is one."""
+    claimed value (BELOW); the exit status is 1 if there is one. Where `draw` names several draws,
+    `--draw` picks one (the first by default)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seed", type=int, default=seed)
     parser.add_argument("--cases", type=int, default=cases)
     parser.add_argument("--cp-seconds", type=float, default=2.0)
+    if isinstance(draw, dict):
+        parser.add_argument("--draw", choices=list(draw), default=next(iter(draw)))
     args = parser.parse_args()
+    if isinstance(draw, dict):
+        draw = draw[args.draw]
     rng = random.Random(args.seed)
     done = raised = below = 0
     started = time.perf_counter()

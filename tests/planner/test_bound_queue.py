@@ -40,6 +40,17 @@ def without_it(job: JobSpec, failed, monkeypatch) -> float:
         return lower_bound(job, failed).value_ms
 
 
+def assert_hand_worked(job: JobSpec, failed, monkeypatch, others: float, value: float, reason: str) -> None:
+    """Bound 11 gives `value` for `reason` where the other bounds give `others`; it is the failure
+    set's bound, and the heuristic plan is not below it."""
+    assert without_it(job, failed, monkeypatch) == pytest.approx(others)
+    queued = queued_fill_bound(job, failed)
+    assert queued.value_ms == pytest.approx(value, abs=1e-9)
+    assert queued.reason == reason
+    assert lower_bound(job, failed).value_ms == pytest.approx(value, abs=1e-9)
+    assert plan(job, failed, use_cp=False).iteration_ms >= value - 1e-9
+
+
 def test_six_first_gradients_on_five_workers(monkeypatch):
     """6 x 3 x 10, (5, 2) dead. Stage 1 is the bottleneck: 10 x (6.5 + 7.4 + 5.6) = 195 of work
     each, all-reduce and optimizer 21.6: 216.6 (bound 4 prices the cut worker's crossings: 217.16).
@@ -49,13 +60,8 @@ def test_six_first_gradients_on_five_workers(monkeypatch):
     earliest could arrive: the later one is back 18 + 1.68 - 13 = 6.68 ms after its worker ran out
     of forwards, and a later start only moves that idle to the others (one all-reduce): 223.28.
     CP-SAT's routing-fixed model from the 10 s plan (224.72) reaches 223.28 in 90 s."""
-    job, failed = JobSpec.parse(SIX_BY_THREE), [(5, 2)]
-    assert without_it(job, failed, monkeypatch) == pytest.approx(217.16)
-    queued = queued_fill_bound(job, failed)
-    assert queued.value_ms == pytest.approx(223.28, abs=1e-9)
-    assert queued.reason == "first gradients queued below stage 1: 6 workers there share 5 at stage 2"
-    assert lower_bound(job, failed).value_ms == pytest.approx(223.28, abs=1e-9)
-    assert plan(job, failed, use_cp=False).iteration_ms >= 223.28 - 1e-9
+    assert_hand_worked(JobSpec.parse(SIX_BY_THREE), [(5, 2)], monkeypatch, 217.16, 223.28,
+                       "first gradients queued below stage 1: 6 workers there share 5 at stage 2")
 
 
 def test_five_first_gradients_on_four_workers(monkeypatch):
@@ -63,10 +69,8 @@ def test_five_first_gradients_on_four_workers(monkeypatch):
     optimizer 36.2; it holds two (2 x 3.0 <= 7.8), one forward to cover a round trip of 0.53 + 2.4
     + 2.3 + 0.53. One stage-1 worker serves two first micro-batches: 2 x 4.7 = 9.4, back 9.4 +
     1.06 - 5.4 = 5.06 ms late: 111.26 (the others: 107.66). The 10 s plan reaches 111.26."""
-    job, failed = JobSpec.parse(FIVE_BY_TWO), [(3, 1)]
-    assert without_it(job, failed, monkeypatch) == pytest.approx(107.66)
-    assert queued_fill_bound(job, failed).value_ms == pytest.approx(111.26, abs=1e-9)
-    assert plan(job, failed, use_cp=False).iteration_ms >= 111.26 - 1e-9
+    assert_hand_worked(JobSpec.parse(FIVE_BY_TWO), [(3, 1)], monkeypatch, 107.66, 111.26,
+                       "first gradients queued below stage 0: 5 workers there share 4 at stage 1")
 
 
 # Made-up job #9 of `benchmarks/gap_unseen.py --seed 5`.
@@ -85,12 +89,8 @@ def test_the_queue_two_stages_down(monkeypatch):
     through stage 1's B: (5.6 + 5.1) + 4 x 0.52 + 2 x (5.1 + 5.7) = 34.38, 7.68 ms more than the
     forwards cover: 259.38 (bounds 1-10: 253.40; the 10 s plan 261.8). Stage 1, with six
     survivors, queues nothing."""
-    job, failed = JobSpec.parse(SIX_BY_THREE_DEEP), [(5, 2)]
-    assert without_it(job, failed, monkeypatch) == pytest.approx(253.40)
-    queued = queued_fill_bound(job, failed)
-    assert queued.value_ms == pytest.approx(259.38, abs=1e-9)
-    assert queued.reason == "first gradients queued below stage 0: 6 workers there share 5 at stage 2"
-    assert plan(job, failed, use_cp=False).iteration_ms >= 259.38 - 1e-9
+    assert_hand_worked(JobSpec.parse(SIX_BY_THREE_DEEP), [(5, 2)], monkeypatch, 253.40, 259.38,
+                       "first gradients queued below stage 0: 6 workers there share 5 at stage 2")
 
 
 # Made-up job #8 of `benchmarks/gap_unseen.py --seed 67`.
@@ -114,13 +114,8 @@ def test_three_first_round_trips_through_one_worker(monkeypatch):
     54.54 + 0.88 - 32.8 = 22.62 ms the forwards do not cover: 324.12. Counting the queue alone
     (3 x 7.7) or the round trip alone (46.54) gives 316.12; bound 4 prices the cut workers'
     crossings at 321.06. The 10 s plan: 331.23."""
-    job, failed = JobSpec.parse(FIVE_BY_FIVE), [(3, 1), (1, 1), (0, 1)]
-    assert without_it(job, failed, monkeypatch) == pytest.approx(321.06)
-    queued = queued_fill_bound(job, failed)
-    assert queued.value_ms == pytest.approx(324.12, abs=1e-9)
-    assert queued.reason == "first gradients queued below stage 0: 5 workers there share 2 at stage 1"
-    assert lower_bound(job, failed).value_ms == pytest.approx(324.12, abs=1e-9)
-    assert plan(job, failed, use_cp=False).iteration_ms >= 324.12 - 1e-9
+    assert_hand_worked(JobSpec.parse(FIVE_BY_FIVE), [(3, 1), (1, 1), (0, 1)], monkeypatch, 321.06,
+                       324.12, "first gradients queued below stage 0: 5 workers there share 2 at stage 1")
 
 
 def test_uneven_loads_cap_it():
