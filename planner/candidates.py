@@ -481,8 +481,8 @@ def best_heuristic(
         policies = [top_policy]
         if job.op_count <= MIXES_ALWAYS_MAX_OPS and deeper_policy(top_policy) != top_policy:
             policies.append(deeper_policy(top_policy))
-        found = search_routing(job, top_routing, policies, top_ms, bound_ms,
-                               deadline=started + budget_s)
+        found = search_routing(job, top_routing, policies, top_ms, bound_ms, deadline=started + budget_s,
+                               still_stages=job.op_count <= MIXES_ALWAYS_MAX_OPS)
         if found is not None:
             # Named after the list schedule it started from (its routing's label: mix, lanes),
             # with the policy that won.

@@ -15,6 +15,19 @@ the routing with the given list policies (the solve passes one), keep the swap w
 is no worse (equal periods let it walk a plateau, where most of the gains above were found); a swap
 whose one-iteration list schedule already has a worker span well above the current period is
 rejected without its replay (`SPAN_MARGIN`), which more than halves a rejected swap's cost.
+With `still_stages` (the solve sets it on jobs up to `candidates.MIXES_ALWAYS_MAX_OPS` ops, where
+the swap cap rather than the wall ends the search), a stage where no two moved micro-batches have
+different peers is searched among all its micro-batches: which micro-batches cross pipelines there
+still decides how the crossings fall on the workers upstream. On a made-up 2 x 2 x 22 job with
+(0, 0) dead the lone stage-0 worker holds two micro-batches and alternates the two pipelines'
+through them, so with stage 1 untouched (the balanced routing) one memory slot carried every
+crossing round trip (533.2 ms with the list policy that won); the heuristic's best was 506.7 (a
+mix), and swaps at stage 1 from the balanced routing reached 492.1 in 200
+(docs/notes/planner-issue8.md, AR). Over 390 fresh made-up failure cases (heuristic only) it made
+44 plans better and 17 worse, and with CP-SAT after it, on the 38 of those that miss the bar,
+13 better and 7 worse (mean -0.28%; seed 39's 3 x 5 x 21 stage 1.110 -> 1.062). On larger jobs
+the wall ends the search and these swaps dilute the rest (the one of 27 such cases they changed,
+8 x 8 x 17 spread, went from 499.7 to 502.0 ms).
 Seeded, so the sequence of swaps is deterministic; it stops at its evaluation cap, at the deadline,
 or at the bound.
 """
@@ -137,21 +150,30 @@ def search_routing(
     seed: int = 0,
     any_share: float = ANY_SHARE,
     span_margin: float | None = SPAN_MARGIN,
+    still_stages: bool = False,
 ) -> RouteSearchResult | None:
     """The best routing found by swaps from `routing` (whose best list period is `period_ms`), or
     None when no swap beat it. `deadline` is a `time.perf_counter()` value; `any_share` the share
     of swaps drawn among all of a stage's micro-batches (0: moved ones only); `span_margin` see
-    `SPAN_MARGIN` (None: replay every swap)."""
+    `SPAN_MARGIN` (None: replay every swap); `still_stages`: where some worker failed, also swap
+    among all the micro-batches of each stage with two or more alive workers that swaps among moved
+    micro-batches cannot change (none moved there, or all moved to one peer; module docstring)."""
     by_stage: dict[int, list[tuple[int, int, int]]] = {}
     for key in sorted(routing.moved):
         by_stage.setdefault(key[2], []).append(key)
     stages = [s for s, keys in by_stage.items() if len({routing.executor(*k) for k in keys}) > 1]
     moved_stages = set(stages)
-    every: dict[int, list[tuple[int, int, int]]] = {}
+    dead = set(routing.failed)
+    shared = [s for s in range(job.stages) if sum((p, s) not in dead for p in range(job.pipelines)) > 1]
     if any_share > 0 and _loses_two_stages(routing):
-        dead = set(routing.failed)
-        every = {s: [(home, m, s) for home in range(job.pipelines) for m in range(job.microbatches)]
-                 for s in range(job.stages) if sum((p, s) not in dead for p in range(job.pipelines)) > 1}
+        drawn_among_all = shared
+    elif still_stages and routing.failed:
+        drawn_among_all = [s for s in shared if s not in moved_stages]
+    else:
+        drawn_among_all = []
+    every = {s: [(home, m, s) for home in range(job.pipelines) for m in range(job.microbatches)]
+             for s in drawn_among_all}
+    if every:
         stages = sorted(set(stages) | set(every))
     if not stages or not policies:
         return None

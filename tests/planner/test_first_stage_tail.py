@@ -167,6 +167,12 @@ def test_the_heuristic_search_polishes_its_best_schedule(monkeypatch):
         "activation_mb": [2.1, 2.6, 3.7], "activation_w_mb": [1.58, 1.3, 1.85], "memory_limit_mb": 11.2})
     failed = ((1, 2), (2, 2))
     bound_ms = lower_bound(job, failed).value_ms
+    # The routing search's swaps at the stages no moved swap changes (`still_stages`) find a
+    # routing the polish does not improve (221.24 ms against the polished stage mix's 221.15):
+    # off, so the schedule the polish is for stays the best one.
+    searched = candidates.search_routing
+    monkeypatch.setattr(candidates, "search_routing",
+                        lambda *args, **kwargs: searched(*args, **{**kwargs, "still_stages": False}))
     ops, period, name = best_heuristic(job, failed, bound_ms, budget_s=120)
     assert name.endswith("+first-stage-tail")
     assert validate(job, failed, ops) == []

@@ -192,13 +192,14 @@ def test_the_lone_survivor_paced_against_the_whole_grid():
 
 def test_the_search_tries_the_paced_bottleneck(monkeypatch):
     """`best_heuristic` keeps a schedule paced at stage 1 within 1.02 of the bound; without the
-    paced variants (`PACED_LIST_POLICIES` = 0) its best is above 1.07."""
+    paced variants (`PACED_LIST_POLICIES` = 0) its best is above 1.06 (1.069: 1203.55 ms; above
+    1.07 before the routing search swapped at stages no moved swap changes)."""
     job = JobSpec.parse(FOUR_BY_FIVE)
     ops, period, name = candidates.best_heuristic(job, FOUR_BY_FIVE_DEAD, FOUR_BY_FIVE_BOUND)
     assert "paced=1" in name and period <= 1.02 * FOUR_BY_FIVE_BOUND, (name, period)
     monkeypatch.setattr(candidates, "PACED_LIST_POLICIES", 0)
     _, period, name = candidates.best_heuristic(job, FOUR_BY_FIVE_DEAD, FOUR_BY_FIVE_BOUND)
-    assert period > 1.07 * FOUR_BY_FIVE_BOUND, (name, period)
+    assert period > 1.06 * FOUR_BY_FIVE_BOUND, (name, period)
 
 
 # Made-up 3 x 8 x 24 (`benchmarks/gap_unseen.py --seed 51`, job #0) with stage 0 left to one worker:

@@ -90,8 +90,8 @@ def test_any_swap_keeps_every_workers_load_and_schedules_validly(case, rng, any_
 
 
 @SETTINGS
-@given(jobs_with_failures())
-def test_the_search_keeps_loads_and_returns_a_valid_better_plan(case):
+@given(jobs_with_failures(), st.booleans())
+def test_the_search_keeps_loads_and_returns_a_valid_better_plan(case, still_stages):
     job, failed = case
     failed = tuple(sorted(set(failed)))
     policy = heuristic_policies(job)[0]
@@ -102,7 +102,7 @@ def test_the_search_keeps_loads_and_returns_a_valid_better_plan(case):
         if not start.converged:
             continue
         found = search_routing(job, routing, [policy], start.iteration_ms, 0.0, NO_DEADLINE,
-                               max_evaluations=40)
+                               max_evaluations=40, still_stages=still_stages)
         if found is None:
             continue
         assert found.period_ms < start.iteration_ms
@@ -110,7 +110,7 @@ def test_the_search_keeps_loads_and_returns_a_valid_better_plan(case):
         assert validate(job, failed, found.ops) == []
         assert replay(job, found.ops).iteration_ms == found.period_ms
         again = search_routing(job, routing, [policy], start.iteration_ms, 0.0, NO_DEADLINE,
-                               max_evaluations=40)
+                               max_evaluations=40, still_stages=still_stages)
         assert again is not None and again.period_ms == found.period_ms  # seeded: deterministic
 
 
@@ -224,3 +224,36 @@ def test_swaps_that_cannot_be_kept_are_not_replayed_and_the_search_ends_the_same
     assert filtered.routing.moved == every.routing.moved
     assert replayed_every == every.evaluations  # one policy: one replay per swap without the filter
     assert replays["n"] < replayed_every / 2
+
+
+MADE_UP_2X2X22 = {  # benchmarks/gap_unseen.py --seed 70, job #4: one stage-0 worker left
+    "pipelines": 2, "stages": 2, "microbatches": 22, "forward_ms": [2.5, 5.9],
+    "backward_input_ms": [2.4, 5.3], "backward_weight_ms": [1.5, 3.2], "p2p_ms": 0.19,
+    "cross_pipeline_p2p_ms": 2.59, "allreduce_ms": 29.8, "optimizer_ms": 0.6,
+    "activation_mb": [3.9, 2.4], "activation_w_mb": [3.9, 2.4], "memory_limit_mb": 7.8}
+
+
+def test_a_stage_no_moved_swap_can_change_is_searched_among_all_its_micro_batches():
+    """(0, 0) dead: stage 0's lone worker (1, 0) runs all 44 forwards and holds two micro-batches
+    (7.8 MB, 3.9 each until W). The balanced routing leaves stage 1 alone, so pipeline 0's 22
+    micro-batches cross pipelines both ways (2.59 ms hops) and pipeline 1's do not (0.19): a slot
+    holds a crossing micro-batch from F0 to W0 for at least 2.5 + 2.59 + 5.9 + 5.3 + 2.59 + 2.4 +
+    1.5 = 22.78 ms, another for 17.98. The list schedule alternates the two pipelines through the
+    two slots, so one slot carries all 22 crossings: >= 22 x 22.78 + 29.8 + 0.6 = 531.56 ms.
+    Swaps among moved micro-batches have nothing to exchange (every moved one runs on (1, 0));
+    with `still_stages` the swaps at stage 1 exchange which micro-batches cross, and a period
+    below 510 needs at least three crossings moved to the other slot (20 x 22.78 + 2 x 17.98 +
+    30.4 = 521.96 with 20 on one)."""
+    job = JobSpec.parse(MADE_UP_2X2X22)
+    failed = ((0, 0),)
+    routing = balanced_routing(job, failed, 0)
+    assert {key[2] for key in routing.moved} == {0}
+    policy = Policy(w_tolerance=0.5, feed_bottleneck=True, ahead_slack=0, paced_stage=0)
+    start = replay(job, list_schedule(job, routing, policy)).iteration_ms
+    assert start >= 22 * 22.78 + 30.4 - 1e-6
+    assert search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE) is None
+    found = search_routing(job, routing, [policy], start, 0.0, NO_DEADLINE, still_stages=True)
+    assert found is not None and found.period_ms < 510.0
+    assert served(job, found.routing) == served(job, routing)
+    assert validate(job, failed, found.ops) == []
+    assert replay(job, found.ops).iteration_ms == found.period_ms
