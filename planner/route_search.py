@@ -20,9 +20,9 @@ the swap cap rather than the wall ends the search), a stage where no two moved m
 different peers is searched among all its micro-batches: which micro-batches cross pipelines there
 still decides how the crossings fall on the workers upstream. On a made-up 2 x 2 x 22 job with
 (0, 0) dead the lone stage-0 worker holds two micro-batches and alternates the two pipelines'
-through them, so with stage 1 untouched (the balanced routing) one memory slot carried every
-crossing round trip (533.2 ms with the list policy that won); the heuristic's best was 506.7 (a
-mix), and swaps at stage 1 from the balanced routing reached 492.1 in 200
+micro-batches through them, so with stage 1 untouched (the balanced routing) one memory slot
+carried every crossing round trip (533.2 ms with the list policy that won); the heuristic's best
+was 506.7 (a mix), and swaps at stage 1 from the balanced routing reached 492.1 in 200
 (docs/notes/planner-issue8.md, AR). Over 390 fresh made-up failure cases (heuristic only) it made
 44 plans better and 17 worse, and with CP-SAT after it, on the 38 of those that miss the bar,
 13 better and 7 worse (mean -0.28%; seed 39's 3 x 5 x 21 stage 1.110 -> 1.062). On larger jobs

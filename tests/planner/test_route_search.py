@@ -241,9 +241,9 @@ def test_a_stage_no_moved_swap_can_change_is_searched_among_all_its_micro_batche
     1.5 = 22.78 ms, another for 17.98. The list schedule alternates the two pipelines through the
     two slots, so one slot carries all 22 crossings: >= 22 x 22.78 + 29.8 + 0.6 = 531.56 ms.
     Swaps among moved micro-batches have nothing to exchange (every moved one runs on (1, 0));
-    with `still_stages` the swaps at stage 1 exchange which micro-batches cross, and a period
-    below 510 needs at least three crossings moved to the other slot (20 x 22.78 + 2 x 17.98 +
-    30.4 = 521.96 with 20 on one)."""
+    with `still_stages` the swaps at stage 1 exchange which micro-batches cross, and with the
+    slots still alternating a period below 510 needs each slot to carry at most 17 of the 22
+    crossings (18 on one: 18 x 22.78 + 4 x 17.98 + 30.4 = 512.36)."""
     job = JobSpec.parse(MADE_UP_2X2X22)
     failed = ((0, 0),)
     routing = balanced_routing(job, failed, 0)
