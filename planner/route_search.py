@@ -38,6 +38,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 
+from planner.bounds import alive_per_stage
 from planner.heuristic import Policy, list_schedule
 from planner.routing import Routing
 from planner.simulator import ReplayError, replay
@@ -163,8 +164,7 @@ def search_routing(
         by_stage.setdefault(key[2], []).append(key)
     stages = [s for s, keys in by_stage.items() if len({routing.executor(*k) for k in keys}) > 1]
     moved_stages = set(stages)
-    dead = set(routing.failed)
-    shared = [s for s in range(job.stages) if sum((p, s) not in dead for p in range(job.pipelines)) > 1]
+    shared = [s for s, alive in enumerate(alive_per_stage(job, routing.failed)) if alive > 1]
     if any_share > 0 and _loses_two_stages(routing):
         drawn_among_all = shared
     elif still_stages and routing.failed:
