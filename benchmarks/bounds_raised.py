@@ -1,7 +1,7 @@
 """Which made-up cases (`benchmarks/gap_unseen.py`'s jobs and failure sets) a bound raises.
 
 Usage:
-    python benchmarks/bounds_raised.py [--bound late|span|wave|priced|fed|queue]
+    python benchmarks/bounds_raised.py [--bound late|span|wave|priced|fed|queue|lone]
         [--seeds 0 1 2 3 4 5] [--jobs 10]
 
 For each seed, replays gap_unseen's draw (`--jobs` jobs, three failure sets each; seed 0 was run
@@ -24,6 +24,7 @@ from gap_unseen import failure_sets, loses_a_whole_stage, made_up_job  # noqa: E
 
 import planner.bounds_feed as bounds_feed  # noqa: E402
 import planner.bounds_late as bounds_late  # noqa: E402
+import planner.bounds_priced as bounds_priced  # noqa: E402
 import planner.bounds_queue as bounds_queue  # noqa: E402
 import planner.bounds_sharing as bounds_sharing  # noqa: E402
 import planner.bounds_span as bounds_span  # noqa: E402
@@ -36,7 +37,8 @@ BOUNDS = {"late": (bounds_late, "late_round_trip_bound", None),
           "queue": (bounds_queue, "queued_fill_bound", None),
           "span": (bounds_span, "span_round_trip_bound", None),
           "wave": (bounds_wave, "wave_bound", None),
-          "priced": (bounds_sharing, "priced_trips", keeps_bound_4)}
+          "priced": (bounds_sharing, "priced_trips", keeps_bound_4),
+          "lone": (bounds_priced, "priced_round_trip_bound", None)}
 
 
 def main() -> int:

@@ -72,6 +72,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    survivors at stage t + 1 than at t, some stage-(t + 1) worker serves two or more of stage t's
    first round trips in a row, inside the window a stage-t worker's own forwards cover; stage t
    all-reduces together, so starting a worker later only moves its idle to the others.
+12. A lone worker's round trips priced by its own chain (`planner.bounds_priced`): where stage s
+   is left with one worker, only the micro-batches its own pipeline serves below avoid the
+   cross-pipeline hops, and that pipeline's workers take only so many; 6's inequalities, chained
+   with every slow one's release later, give an LP over which of them the plan can dodge.
 """
 
 from __future__ import annotations
@@ -349,12 +353,16 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     from planner.bounds_span import span_round_trip_bound  # it builds on bound 8's delays
 
     span = span_round_trip_bound(job, failed, floor_ms=best.value_ms)
-    return span if span.value_ms > best.value_ms else best
+    best = span if span.value_ms > best.value_ms else best
+    from planner.bounds_priced import priced_round_trip_bound  # it builds on bound 6's recurrence
+
+    priced = priced_round_trip_bound(job, failed, floor_ms=best.value_ms)
+    return priced if priced.value_ms > best.value_ms else best
 
 
 def routing_bound(job: JobSpec, busiest: list[int], failure_bound_ms: float) -> float:
     """`lower_bound(job, failed, busiest=busiest).value_ms` for a routing of the failure set whose
-    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-11 again: those do not
+    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-12 again: those do not
     depend on the loads, and `busiest` is at least the default n_s at every stage, where bounds 1-3
     only grow, so the largest of the routing's bounds 1-3 and the failure set's bound is the same
     number (`candidates._beaten` asks for it once per candidate routing: 0.8 of a 4.3 s solve of

@@ -19,7 +19,13 @@ from planner.bounds_sharing import sharing_bound
 from planner.solve import plan
 from planner.spec import JobSpec
 from planner.validate import validate
-from tests.planner.test_bound_soundness import random_valid_periods
+from tests.planner.bound_falsification import (
+    count_raised,
+    cp_sat_not_below,
+    no_random_plan_below,
+    raised_cases,
+    withholding,
+)
 
 PRICED = "priced round trips at stage 0"
 
@@ -52,15 +58,18 @@ def test_made_up_2x2x15_with_stage_0_of_pipeline_0_dead():
     against hop 0.8, both ways). (1, 1) spends 4.2 + 4.2 + 2.2 = 10.6 ms a micro-batch, and every
     worker ends its period with all-reduce + optimizer, 15 ms. With a through (1, 1):
     P >= 15 + max(10.6 a, (15.8 a + 18.4 (30 - a)) / 2); a = 23: max(243.8, 246.1), 261.1;
-    a = 22: 15 + 247.4; a = 24: 15 + 254.4. The older bounds said 257.8 (memory-time at stage 0)."""
+    a = 22: 15 + 247.4; a = 24: 15 + 254.4. The older bounds said 257.8 (memory-time at stage 0).
+    Bound 12 (bound 6's recurrence priced the same way, `planner.bounds_priced`) raises the job's
+    bound above it (263.55); bound 4 keeps its own value."""
     job = JobSpec.parse({
         "pipelines": 2, "stages": 2, "microbatches": 15, "forward_ms": [2.3, 4.2],
         "backward_input_ms": [2.3, 4.2], "backward_weight_ms": [1.2, 2.2], "p2p_ms": 0.8,
         "cross_pipeline_p2p_ms": 2.1, "allreduce_ms": 14.0, "optimizer_ms": 1.0,
         "activation_mb": [2.7, 3.5]})
-    bound = lower_bound(job, [(0, 0)])
+    bound = sharing_bound(job, [(0, 0)])
     assert bound.value_ms == pytest.approx(261.1, abs=1e-9)
     assert bound.reason.startswith(PRICED)
+    assert lower_bound(job, [(0, 0)]).value_ms >= bound.value_ms
 
 
 def test_no_pricing_when_the_next_stage_keeps_up():
@@ -102,56 +111,28 @@ def keeps_bound_4(job, dead, s, hop, kinds, base: float, floor: float = 0.0) -> 
     return base
 
 
-def raised_by_pricing(job: JobSpec, failed: list, monkeypatch) -> bool:
+def raised(monkeypatch):
     """Whether the full bound is above the bound with the priced trips withheld."""
     import planner.bounds_sharing
 
-    full = lower_bound(job, failed).value_ms
-    with monkeypatch.context() as patched:
-        patched.setattr(planner.bounds_sharing, "priced_trips", keeps_bound_4)
-        return full > lower_bound(job, failed).value_ms + 1e-9
+    return withholding(planner.bounds_sharing, "priced_trips", keeps_bound_4, monkeypatch)
 
 
 def test_the_drawn_cases_exercise_the_pricing(monkeypatch):
     """The falsification below means something only if the pricing raises many of its cases."""
-    cases = [drawn_priced_case(random.Random(seed)) for seed in range(60)]
-    raised = sum(raised_by_pricing(job, failed, monkeypatch) for job, failed, _ in cases)
-    assert raised >= 8, raised
-
-
-def raised_cases(count: int, monkeypatch) -> list[tuple[int, JobSpec, list, int]]:
-    """(seed, job, failed, plans' seed) of the first `count` drawn cases (of 200) whose bound the
-    pricing raises; fails the test when there are fewer."""
-    found = []
-    for seed in range(200):
-        job, failed, plans_seed = drawn_priced_case(random.Random(seed))
-        if raised_by_pricing(job, failed, monkeypatch):
-            found.append((seed, job, failed, plans_seed))
-            if len(found) == count:
-                return found
-    pytest.fail(f"only {len(found)} of 200 drawn cases raised by the pricing")
+    raised_count = count_raised(drawn_priced_case, raised(monkeypatch), 60)
+    assert raised_count >= 8, raised_count
 
 
 def test_no_random_valid_plan_beats_a_bound_the_pricing_raised(monkeypatch):
     """The first 12 drawn cases whose bound the pricing raises, 40 random valid plans each."""
-    for seed, job, failed, plans_seed in raised_cases(12, monkeypatch):
-        bound = lower_bound(job, failed).value_ms
-        periods = random_valid_periods(job, failed, plans_seed, 40,
-                                       stay_home=lambda rng: rng.choice([0.5, 0.7, 0.85, 1.0]))
-        assert periods
-        assert min(periods) >= bound, (seed, min(periods), bound)
+    no_random_plan_below(raised_cases(drawn_priced_case, raised(monkeypatch), 12, 200))
 
 
 def test_cp_sat_never_beats_a_bound_the_pricing_raised(monkeypatch):
     """The first 6 drawn cases whose bound the pricing raises: CP-SAT's full model (free routing)
     given 3 s from the heuristic plan, with its floor at 0 rather than at the bound."""
-    from planner.cp import cpsat
-
-    for seed, job, failed, _ in raised_cases(6, monkeypatch):
-        start = plan(job, failed, use_cp=False)
-        found = cpsat.improve(job, tuple(start.failed), start.ops, start.iteration_ms + 1.0, 0.0, 3.0, seed=3)
-        best = start.iteration_ms if found.ops is None else min(start.iteration_ms, found.period_ms)
-        assert best >= lower_bound(job, failed).value_ms, (seed, best)
+    cp_sat_not_below(raised_cases(drawn_priced_case, raised(monkeypatch), 6, 200))
 
 
 def test_a_floor_only_skips_what_it_already_proves():
