@@ -72,10 +72,11 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    survivors at stage t + 1 than at t, some stage-(t + 1) worker serves two or more of stage t's
    first round trips in a row, inside the window a stage-t worker's own forwards cover; stage t
    all-reduces together, so starting a worker later only moves its idle to the others.
-12. A lone worker's round trips priced by its own chain (`planner.bounds_priced`): where stage s
-   is left with one worker, only the micro-batches its own pipeline serves below avoid the
-   cross-pipeline hops, and that pipeline's workers take only so many; 6's inequalities, chained
-   with every slow one's release later, give an LP over which of them the plan can dodge.
+12. A survivor's round trips priced by its own chain (`planner.bounds_priced`): where stage s
+   is left with one worker (or its busiest of fewer than D), only the micro-batches its own
+   pipeline serves below avoid the cross-pipeline hops, and that pipeline's workers take only so
+   many; 6's inequalities, chained with every slow one's release later, give an LP over which of
+   them the plan can dodge.
 """
 
 from __future__ import annotations

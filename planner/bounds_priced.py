@@ -1,34 +1,37 @@
-"""Bound 12 (docs/notes/bounds.md, section 13): a lone worker's round trips priced by its own chain.
+"""Bound 12 (docs/notes/bounds.md, section 13): a survivor's round trips priced by its own chain.
 
-Where failures leave stage s < S - 1 with one alive worker (p, s), it runs all n = D x M micro-batches
-and, short of memory, its period is set by its round trips (bound 6's recurrence). Bound 6 prices
-every round trip at the least hop. Only a micro-batch served below s by pipeline p's workers alone
-gets that: one that crosses pipelines at any boundary t pays the cross-pipeline hop there both ways,
-at least Delta = min_t 2 (least cross hop_t - least hop_t) more. And the fast ones all run their F,
-B and W on each (p, t), t > s: with c of them the period is at least
-g(c) = max_t c (F_t + B_t + W_t) + AR_t + OPT_t.
+Where failures leave stage s < S - 1 with fewer workers than pipelines, its busiest survivor (p, s)
+runs n >= ceil(D x M / alive_s) micro-batches (all of them where one is left) and, short of memory,
+its period is set by its round trips (bound 6's recurrence), which bound 6 prices at the least hop.
+Only a micro-batch served below s by pipeline p's workers alone gets that: one that crosses
+pipelines at any boundary t pays the cross-pipeline hop there both ways, at least
+Delta = min_t 2 (least cross hop_t - least hop_t) more. The fast ones all run their F, B and W on
+each (p, t), t > s: with c of them the period is at least g(c) = max_t c (F_t + B_t + W_t) + AR_t
++ OPT_t.
 
-Bound 6's inequalities, taken one at a time, are t_j >= t_i + (F + chain) + off_i + counts x costs,
-with t_i the i-th F start, x the number held at t_j (memory), and off_i a lower bound on the extra
-of every micro-batch of F index >= i. off_i >= Delta for a slow i where Delta <= F_s (the next F
-starts at least F_s later, so a fast one after it cannot be released earlier); where Delta > F_s a
-fast micro-batch l shadows the slow ones just before it by (Delta - (l - i) F_s)^+. Any
-distribution mu over chains of these inequalities (a unit flow in their DAG, `priced_last_w_end`) bounds the
-last W end from below by its expected constants plus sum_i mu_i off_i; the schedule picks x at each
-step (a minimum per step over x, `tau_j`) and which c micro-batches are fast (a sum of the c largest
-shadowed weights, an LP with theta and z). Maximised over mu, that is the LP's value B(c): with
-c = 0 it is bound 6 at round trip + Delta, with c = n bound 6 itself. B falls and g rises in c, so
-the period is at least min_c max(B(c) + AR_s + OPT_s, g(c)), found by bisection on c.
+Bound 6's inequalities, taken one at a time, read t_j >= t_i + (F + chain) + off_i + counts x costs,
+with t_i the i-th F start, x the number held at t_j, and off_i a lower bound on the extra of every
+micro-batch of F index >= i: Delta for a slow i where Delta <= F_s (the next F starts at least F_s
+later, so a fast one after it is not released earlier); where Delta > F_s, a fast micro-batch l
+shadows the slow ones just before it by (Delta - (l - i) F_s)^+. Any distribution over chains of
+these inequalities (a unit flow in their DAG, `priced_last_w_end`) bounds the last W end by its
+expected constants plus sum_i mu_i off_i, whatever the schedule picks: x at each F (a minimum per F
+over x) and which c micro-batches are fast (the c largest shadowed weights, linear with theta and
+z). Maximised over the flow, that is an LP, B(c). B(0) is bound 6 at round trip + Delta itself; B
+falls and g rises in c, so the period is at least min_c max(B(c) + AR_s + OPT_s, g(c)).
 """
 
 from __future__ import annotations
+
+import math
 
 from planner.bounds import Bound, _paced, alive_per_stage, chain_below, holds, pending_w_cap, stage_hops
 from planner.spec import JobSpec, StageCosts, Worker
 
 PRICED_MAX_MICROBATCHES = 256
-"""Above this many micro-batches on the lone worker the LP (about 13 n columns) is not built: one
-solve takes ~0.04 s at n = 95 and the bisection runs about log2(n) of them."""
+"""Above this many micro-batches on the busiest survivor the LP (about 13 n columns) is not built:
+one solve takes ~0.04 s at n = 95 and ~0.2 s at 256, and the bracket needs a few of them (0.6-0.9 s
+in all at 256)."""
 
 VIOLATION_MAX = 1e-9
 """A solution outside some row or column bound by more than this is not trusted (no bound)."""
@@ -131,7 +134,10 @@ def priced_last_w_end(costs: StageCosts, s: int, n: int, k: int, round_trip: flo
     # largest potential it multiplies (a node's time, within the last W end + the extra), and the
     # last W end is at least the value less that: taken off, so the bound stays sound.
     size = solver.NumVariables() + solver.NumConstraints()
-    return value - violation * size * (abs(value) + extra + 1.0) - 1e-9 * abs(value)
+    kept = value - violation * size * (abs(value) + extra + 1.0) - 1e-9 * abs(value)
+    # Down to whole nanoseconds: the same LP solved in another order of calls can differ in its
+    # last bits, and `routing_bound` must equal `lower_bound` with a routing's loads exactly.
+    return math.floor(kept * 1e6) / 1e6
 
 
 def _largest_violation(solver) -> float:
@@ -146,9 +152,13 @@ def _largest_violation(solver) -> float:
 
 
 def _stage_bound(job: JobSpec, dead: set[Worker], s: int, floor_ms: float) -> float:
+    """Bound 12 at stage s: its busiest survivor runs n >= ceil(D x M / alive) micro-batches, and the
+    first n of them (in F order) obey the chains of a worker with n (memory held and pending counted
+    among those started, all their B's and W's before its last W end); which survivor is busiest is
+    the plan's choice, so the least over survivors, the one whose own chain below is whole."""
     costs, S = job.costs, job.stages
-    n = job.pipelines * job.microbatches
-    (p,) = [q for q in range(job.pipelines) if (q, s) not in dead]
+    survivors = [q for q in range(job.pipelines) if (q, s) not in dead]
+    n = -(-job.pipelines * job.microbatches // len(survivors))
     extra = crossing_extra(costs, S, s)
     if extra <= 0:
         return 0.0
@@ -156,7 +166,7 @@ def _stage_bound(job: JobSpec, dead: set[Worker], s: int, floor_ms: float) -> fl
     round_trip = costs.forward[s] + chain_below(costs, stage_hops(costs, S), s) + costs.backward_input[s]
     tail = costs.allreduce[s] + costs.optimizer[s]
     all_slow = _paced(costs, s, n, k, round_trip + extra).last_w_end + tail if n > 1 else 0.0
-    if any((p, t) in dead for t in range(s + 1, S)):
+    if not any(all((q, t) not in dead for t in range(s + 1, S)) for q in survivors):
         return all_slow  # every micro-batch crosses somewhere: bound 6 at the longer round trip
     if all_slow <= floor_ms or n > PRICED_MAX_MICROBATCHES or n <= 1:
         return 0.0
@@ -202,18 +212,18 @@ def _stage_bound(job: JobSpec, dead: set[Worker], s: int, floor_ms: float) -> fl
 
 def priced_round_trip_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
                             floor_ms: float = 0.0) -> Bound:
-    """Bound 12 over every stage above the last left with one alive worker (module docstring);
-    Bound(0, "") where none is, or where it cannot beat `floor_ms` (the other bounds' best)."""
+    """Bound 12 over every stage above the last that lost workers (module docstring); Bound(0, "")
+    where none did, or where it cannot beat `floor_ms` (the other bounds' best)."""
     if job.pipelines < 2:
         return Bound(0.0, "")
     dead = set(map(tuple, failed))
     alive = alive_per_stage(job, failed)
     best = Bound(0.0, "")
     for s in range(job.stages - 1):
-        if alive[s] != 1:
+        if not 0 < alive[s] < job.pipelines:
             continue
         value = _stage_bound(job, dead, s, max(floor_ms, best.value_ms))
         if value > best.value_ms:
-            best = Bound(value, f"lone worker at stage {s}: its round trips priced by how many its own "
-                                "pipeline below can serve, the rest crossing pipelines")
+            best = Bound(value, f"round trips priced at stage {s}: its busiest survivor's own pipeline "
+                                "below serves only so many, the rest cross pipelines")
     return best
