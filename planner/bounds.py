@@ -226,6 +226,27 @@ def paced_stage(costs: StageCosts, s: int, n: int, k: int, round_trip: float) ->
 
 @lru_cache(maxsize=4096)  # a job's candidate routings and its late round trips ask for the same stages
 def _paced(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> Paced:
+    starts, after_releases, held = _paced_run(costs, s, n, k, round_trip)
+    return Paced(starts[-1], after_releases(n, 0, n - held), after_releases(n, n, n - held))
+
+
+def paced_w_ends(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> list[float]:
+    """`paced_stage(costs, s, m, k, round_trip).last_w_end` for every m = 0..n, from one run for n:
+    for m >= min(k, n) the first m F starts do not depend on the cap (a cap above m only admits
+    pending W's that no count below m can use), so each m's last W end reads the same running
+    maxima; the few m below k run on their own. All 0 when the run for n is skipped."""
+    if n <= 1 or n * min(k, n) > RECURRENCE_MAX_STEPS:
+        return [0.0] * (n + 1)
+    _, after_releases, held = _paced_run(costs, s, n, k, round_trip)
+    small = max(held, 2)  # below it, m's own run (0 for m <= 1, as `paced_stage`)
+    return [after_releases(m, m, m - held) if m >= small
+            else paced_stage(costs, s, m, k, round_trip).last_w_end for m in range(n + 1)]
+
+
+def _paced_run(costs: StageCosts, s: int, n: int, k: int, round_trip: float):
+    """Bound 6's recurrence for n micro-batches: (the least F starts, the least end of a given
+    number of B's, W's and F's after the releases, as `after_releases(backs, weights, forwards)`,
+    and how many are held at most)."""
     held = min(k, n)
     f, b, w = costs.forward[s], costs.backward_input[s], costs.backward_weight[s]
     release = round_trip - b  # F start -> its B may start
@@ -268,7 +289,7 @@ def _paced(costs: StageCosts, s: int, n: int, k: int, round_trip: float) -> Pace
             # j - x B's and at least j - x - y W's have ended before the (j + 1)-th F starts.
             least = min(least, max(0.0, after_releases(j - x, j - x - y, j - held)))
         append(max(starts[-1] + f, least))
-    return Paced(starts[-1], after_releases(n, 0, n - held), after_releases(n, n, n - held))
+    return starts, after_releases, held
 
 
 def stage_hops(costs: StageCosts, stages: int) -> list[float]:

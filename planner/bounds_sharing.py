@@ -18,7 +18,10 @@ first hop at least its kind's; k = how many it can hold between F start and B en
 - one at a time: when k = 1 and a + aw > L, no micro-batch's F can start while another's W is still
   pending, so the windows [F start, W end] are disjoint: n (F + chain + B + W) + tail;
 - windows: every micro-batch holds at least aw MB over [F start, W end] (a until B end, then aw),
-  so at most floor(L / aw) such windows are open at once: n (F + chain + B + W) / min(that, n) + tail.
+  so at most floor(L / aw) such windows are open at once: n (F + chain + B + W) / min(that, n) + tail;
+- paced: bound 6's recurrence (docs/notes/bounds.md section 7) with this worker's chain, its last W
+  end + tail; a cut worker's round trips are that much longer at every slot, not only on average
+  (the largest over m <= n: the first m micro-batches obey the recurrence for m).
 Each is non-decreasing in n, so with g_i(n) the largest for worker i, the period P must let the
 workers' counts N_i(P) = max{n : g_i(n) <= P} cover the stage: sum_i N_i(P) >= D x M. The least such
 P is the (D x M)-th smallest value among all g_i(n), found by binary search (workers of one kind
@@ -46,6 +49,7 @@ from planner.bounds import (
     chain_below,
     forced_idle,
     holds,
+    paced_w_ends,
     pending_w_cap,
     stage_hops,
 )
@@ -75,6 +79,7 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
 
     known: dict[tuple[int, int], float] = {}  # the searches ask for the same n many times
     works = _work_terms(costs, s, chain, total)  # the costly term; the pricing leaves it alone
+    paced = _paced_terms(costs, s, chain, total)
 
     def g(n: int, own: int | None = None) -> float:
         crossed = 0 if own is None else max(0, n - own)
@@ -99,7 +104,19 @@ def per_worker_bound(costs: StageCosts, s: int, chain: float, total: int,
         if one_at_a_time:
             value = max(value, n * (f + chain + b + w) + longer)
         value = max(value, (f + chain + b + w) * (n / min(windows, n)) + extra * (crossed / min(windows, n)))
-        return value + tail
+        return max(value, paced_last_w_end(n)) + tail
+
+    def paced_last_w_end(n: int) -> float:
+        """Bound 6's recurrence for this worker, every round trip at least `chain`: its first m
+        micro-batches obey it for m (memory counted among those started, their B's and W's before
+        its last W end), so the largest over m <= n holds, and grows with n as the covering
+        search needs. Every m up to the stage's total from one run (`paced_w_ends`)."""
+        if not paced:
+            running = 0.0
+            for value in paced_w_ends(costs, s, total, k, f + chain + b):
+                running = max(running, value)
+                paced.append(running)
+        return paced[min(n, total)]
 
     return g
 
@@ -109,6 +126,21 @@ def _work_terms(costs: StageCosts, s: int, chain: float, total: int) -> dict[int
     """The work terms per n of `per_worker_bound`'s g, filled as they are asked for: shared by the
     g's that differ only in `extra`."""
     return {}
+
+
+def forget() -> None:
+    """Empty the per-worker caches (`per_worker_bound`, its work and recurrence terms): for
+    measurements that swap one of their terms out."""
+    per_worker_bound.cache_clear()
+    _work_terms.cache_clear()
+    _paced_terms.cache_clear()
+
+
+@lru_cache(maxsize=1024)
+def _paced_terms(costs: StageCosts, s: int, chain: float, total: int) -> list[float]:
+    """The recurrence terms of `per_worker_bound`'s g for n = 0, 1, ..., filled as asked for (the
+    running largest over m <= n); shared like `_work_terms`."""
+    return []
 
 
 def most_served(g: Callable[[int], float], period: float, most: int) -> int:
