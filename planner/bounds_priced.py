@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 
-from planner.bounds import Bound, _paced, alive_per_stage, chain_below, holds, pending_w_cap, stage_hops
+from planner.bounds import Bound, alive_per_stage, chain_below, holds, paced_stage, pending_w_cap, stage_hops
+from planner.bounds_sharing import crossing_cost
 from planner.spec import JobSpec, StageCosts, Worker
 
 PRICED_MAX_MICROBATCHES = 256
@@ -39,14 +40,6 @@ it the value is lowered by what the violation can cost (`priced_last_w_end`). GL
 off by 0 to 3e-9 on the made-up cases."""
 
 
-def crossing_extra(costs: StageCosts, stages: int, s: int) -> float:
-    """Least extra a round trip below stage s pays when it crosses pipelines at some boundary: the
-    cross hop both ways there instead of the least hop (either stage's entry, like `stage_hops`)."""
-    hop = stage_hops(costs, stages)
-    return max(0.0, min(2 * (min(costs.cross_p2p[t], costs.cross_p2p[t + 1]) - hop[t])
-                        for t in range(s, stages - 1)))
-
-
 def own_chain_period(costs: StageCosts, s: int, stages: int, fast: int) -> float:
     """Least period with `fast` micro-batches served below stage s by one pipeline's workers alone:
     each of them runs F, B and W there, then its all-reduce and step."""
@@ -55,7 +48,7 @@ def own_chain_period(costs: StageCosts, s: int, stages: int, fast: int) -> float
 
 
 def priced_last_w_end(costs: StageCosts, s: int, n: int, k: int, round_trip: float, extra: float,
-               fast: int, shadowed: bool) -> float | None:
+                      fast: int, shadowed: bool) -> float | None:
     """The largest expected last-W end (from the first F start) over distributions on chains of
     bound 6's inequalities, each slow micro-batch's release `extra` later, the schedule choosing how
     many it holds at each F and which `fast` micro-batches do not cross. `shadowed`: charge a fast
@@ -163,17 +156,19 @@ def _stage_bound(job: JobSpec, dead: set[Worker], s: int, floor_ms: float) -> fl
     costs, S = job.costs, job.stages
     survivors = [q for q in range(job.pipelines) if (q, s) not in dead]
     n = -(-job.pipelines * job.microbatches // len(survivors))
-    extra = crossing_extra(costs, S, s)
+    hop = stage_hops(costs, S)
+    # A round trip that crosses pipelines at some boundary below s pays the cross hop both ways there.
+    extra = crossing_cost(costs, hop, s, S - 1)
     if extra <= 0:
         return 0.0
     k = holds(costs, s, n)
-    round_trip = costs.forward[s] + chain_below(costs, stage_hops(costs, S), s) + costs.backward_input[s]
+    round_trip = costs.forward[s] + chain_below(costs, hop, s) + costs.backward_input[s]
     tail = costs.allreduce[s] + costs.optimizer[s]
-    all_slow = _paced(costs, s, n, k, round_trip + extra).last_w_end + tail if n > 1 else 0.0
+    all_slow = paced_stage(costs, s, n, k, round_trip + extra).last_w_end + tail
     if not any(all((q, t) not in dead for t in range(s + 1, S)) for q in survivors):
         return all_slow  # every micro-batch crosses somewhere: bound 6 at the longer round trip
     if all_slow <= floor_ms or n > PRICED_MAX_MICROBATCHES or n <= 1:
-        return 0.0
+        return 0.0  # (n <= 1: nothing to chain; `paced_stage` gave 0 there too)
     solved: dict[int, float] = {0: all_slow}
 
     def priced(fast: int) -> float | None:

@@ -138,8 +138,8 @@ def forget() -> None:
 
 @lru_cache(maxsize=1024)
 def _paced_terms(costs: StageCosts, s: int, chain: float, total: int) -> list[float]:
-    """The recurrence terms of `per_worker_bound`'s g for n = 0, 1, ..., filled as asked for (the
-    running largest over m <= n); shared like `_work_terms`."""
+    """The recurrence terms of `per_worker_bound`'s g for n = 0 .. total (the running largest over
+    m <= n), filled whole on the first ask; shared like `_work_terms`."""
     return []
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import planner.bounds_priced as priced
 from planner.bounds import Bound, chain_below, holds, lower_bound, paced_stage, pending_w_cap, stage_hops
+from planner.bounds_sharing import crossing_cost
 from planner.spec import JobSpec
 from tests.planner.bound_falsification import (
     cp_sat_not_below,
@@ -45,7 +46,7 @@ def test_hand_worked_one_slot():
         value = priced.priced_last_w_end(costs, 0, 6, 1, 8.0, 2.0, fast, shadowed=True)
         assert value + 4.0 == pytest.approx(70.0 - 2 * fast, abs=1e-6)
         assert priced.own_chain_period(costs, 0, 2, fast) == pytest.approx(14.0 * fast + 4.0)
-    assert priced.crossing_extra(costs, 2, 0) == pytest.approx(2.0)
+    assert crossing_cost(costs, stage_hops(costs, 2), 0, 1) == pytest.approx(2.0)
     bound = priced.priced_round_trip_bound(job, [(1, 0)])
     assert bound.value_ms == pytest.approx(62.0, abs=1e-6)
     assert bound.reason.startswith(PRICED_HERE)

@@ -16,7 +16,12 @@ import pytest
 import planner.bounds_sharing as sharing
 from planner.bounds import chain_below, holds, lower_bound, paced_stage, paced_w_ends, stage_hops
 from planner.spec import JobSpec
-from tests.planner.bound_falsification import cp_sat_not_below, no_random_plan_below, raised_cases
+from tests.planner.bound_falsification import (
+    cp_sat_not_below,
+    no_random_plan_below,
+    raised_cases,
+    withholding,
+)
 
 
 def test_made_up_7x6x23_spread_with_three_survivors_cut_below():
@@ -75,31 +80,22 @@ def shared_paced_case(rng: random.Random):
     return job, sorted((p, s + 1) for p in cut), rng.randrange(2**31)
 
 
-def raised_by_the_recurrence(job: JobSpec, failed: list) -> bool:
+def raised(monkeypatch):
     """Whether the full bound is above the bound with bound 4's recurrence term withheld (the
     per-worker caches emptied around each, so the withheld run computes its terms afresh)."""
-    sharing.forget()
-    full = lower_bound(job, failed).value_ms
-    sharing.forget()
-    kept = sharing.paced_w_ends
-    sharing.paced_w_ends = lambda costs, s, n, *_: [0.0] * (n + 1)
-    try:
-        without = lower_bound(job, failed).value_ms
-    finally:
-        sharing.paced_w_ends = kept
-        sharing.forget()
-    return full > without + 1e-9
+    return withholding(sharing, "paced_w_ends", lambda costs, s, n, *_: [0.0] * (n + 1), monkeypatch,
+                       forget=sharing.forget)
 
 
-def test_no_random_valid_plan_beats_a_bound_the_recurrence_raised():
+def test_no_random_valid_plan_beats_a_bound_the_recurrence_raised(monkeypatch):
     """The first 8 drawn cases (of 400) whose bound the recurrence term raises, 40 random valid
     plans each."""
-    no_random_plan_below(raised_cases(shared_paced_case, raised_by_the_recurrence, 8, 400))
+    no_random_plan_below(raised_cases(shared_paced_case, raised(monkeypatch), 8, 400))
 
 
-def test_cp_sat_never_beats_a_bound_the_recurrence_raised():
+def test_cp_sat_never_beats_a_bound_the_recurrence_raised(monkeypatch):
     """The first 4 of them against CP-SAT's full model floored at 0, 3 s from the heuristic plan."""
-    cp_sat_not_below(raised_cases(shared_paced_case, raised_by_the_recurrence, 4, 400))
+    cp_sat_not_below(raised_cases(shared_paced_case, raised(monkeypatch), 4, 400))
 
 
 def test_one_run_gives_every_count():
