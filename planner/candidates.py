@@ -46,7 +46,7 @@ from planner.simulator import ReplayError, ReplayReport, replay
 from planner.spec import JobSpec, Worker
 from planner.sweep import SweepPolicy, insertion_orders, sweep_schedule
 from planner.timeline import Op, orders_of
-from planner.trips import TRIPS_BUDGET_SHARE, trip_candidates
+from planner.trips import TRIPS_BUDGET_SHARE, trip_candidates, trips_apply
 from planner.zb_greedy import zb_greedy_candidates
 
 HEURISTIC_GRID_MAX_OPS = 60_000
@@ -469,7 +469,7 @@ def best_heuristic(
             for policy in first_policies[:FROZEN_LIST_POLICIES]:
                 if consider(list_schedule(job, frozen, policy), f"frozen({best_dynamic[2]})+{policy.name}"):
                     return best
-    if failed and not big:
+    if failed and not big and trips_apply(job, failed):
         # A stage left to one worker: round trips booked whole, into the gaps, the slots phased by
         # a cadence (`planner.trips`; made-up 2 x 2 x 22 with (1, 0) dead: 485.3 -> 466.9 ms in a
         # 10 s plan, bound 462.0). Small jobs only, and a share of the budget.

@@ -57,12 +57,18 @@ def lone_survivor_stages(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]
             if job.pipelines > 1 and sum((p, s) not in dead for p in range(job.pipelines)) == 1]
 
 
+def trips_apply(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> bool:
+    """Whether `trip_candidates` makes any: some stage left to one worker, at most
+    `TRIPS_MAX_OPS` F/B/W ops."""
+    return bool(failed) and job.op_count <= TRIPS_MAX_OPS and bool(lone_survivor_stages(job, failed))
+
+
 def trip_candidates(job: JobSpec, failed: tuple[Worker, ...], bound_ms: float,
                     deadline: float = math.inf) -> Iterator[tuple[list[Op], str]]:
     """Valid trip schedules (ops, name), one per cadence in `TRIP_CADENCES`, until `deadline`
-    (`time.perf_counter()`); nothing where no stage is left to one worker or the job is above
-    `TRIPS_MAX_OPS`."""
-    if not failed or job.op_count > TRIPS_MAX_OPS or not lone_survivor_stages(job, failed):
+    (`time.perf_counter()`); nothing unless `trips_apply`. `bound_ms` (the failure set's lower
+    bound) sets the cadences' unit."""
+    if not trips_apply(job, failed):
         return
     costs = job.costs
     tail = max(a + o for a, o in zip(costs.allreduce, costs.optimizer, strict=True))

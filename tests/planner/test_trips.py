@@ -14,7 +14,7 @@ from planner.cp.orders import retime
 from planner.simulator import replay
 from planner.solve import plan
 from planner.spec import JobSpec
-from planner.trips import TRIPS_MAX_OPS, lone_survivor_stages, trip_candidates, trip_orders
+from planner.trips import TRIPS_MAX_OPS, lone_survivor_stages, trip_candidates, trip_orders, trips_apply
 from planner.validate import peak_memory, validate
 from tests.planner.test_properties import SETTINGS, jobs
 
@@ -115,6 +115,8 @@ def test_only_where_a_stage_is_left_to_one_worker():
     big = JobSpec.parse({**LONE, "microbatches": TRIPS_MAX_OPS // 12 + 1})
     assert big.op_count > TRIPS_MAX_OPS
     assert list(trip_candidates(big, FAILED, 100.0)) == []
+    assert trips_apply(job, FAILED) and not trips_apply(big, FAILED) and not trips_apply(job, ())
+    assert not trips_apply(three, ((1, 0),)) and trips_apply(three, ((1, 0), (2, 0)))
 
 
 @st.composite
