@@ -143,6 +143,9 @@ class LiveRun(TrainingResult):
     """Per fault: worker, iteration, phase, signal, recovery_ms (kill to the first iteration done
     under the new plan, minus one normal iteration), detected_ms (kill to the next generation)."""
     generations: list[dict[str, Any]] = field(default_factory=list)
+    crashed_logs: dict[str, str] = field(default_factory=dict)
+    """The log tail of every worker process that exited with an error while the run went on
+    ("P:S" -> text), kept because the run's directory is deleted when it ends."""
 
 
 @dataclass
@@ -220,12 +223,16 @@ class LiveCluster:
                                       if store.check([f"loss/{i}"])}
                 self.posted_records, self.posted_generations = self._posted(store)
                 outputs = self._outputs(procs)
+                crashed = {f"{w[0]}:{w[1]}": self._crash_report(w, proc)
+                           for w, proc in procs if proc.state == "crashed"}
             finally:
                 for _, proc in procs:
                     if proc.popen.poll() is None:
                         proc.popen.kill()
                         proc.popen.wait(10)
-        return self._collect(outputs)
+        run = self._collect(outputs)
+        run.crashed_logs = crashed
+        return run
 
     def _start(self, w: tuple[int, int], port: int, rejoin_at: int | None, life: int) -> _Proc:
         name = f"worker-{w[0]}-{w[1]}-{life}"
@@ -292,6 +299,15 @@ class LiveCluster:
     def _report(self, w: tuple[int, int], reason: str) -> None:
         with contextlib.suppress(ServiceError):  # survivors and the heartbeat timeout still detect it
             self.client.report_failure(self.job_id, w, reason)
+
+    def _crash_report(self, w: tuple[int, int], proc: _Proc) -> str:
+        """A crashed worker's error and traceback (from its result file: the worker catches what
+        the model raised and writes it there), then its log tail."""
+        report = ""
+        if proc.result.exists():
+            out = torch.load(proc.result, weights_only=False)
+            report = f"{out.get('error', '')}\n{out.get('traceback', '')}"
+        return report + self._log_tails([(w, proc)])
 
     def _log_tails(self, procs: list) -> str:
         tails = []

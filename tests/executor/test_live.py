@@ -132,5 +132,5 @@ def test_a_live_worker_declared_failed_rejoins_by_itself(service, reference, at)
     if at < 30:
         # The generation that excluded it may be superseded by its rejoin before anyone runs it.
         reasons = [g["reason"] for g in run.generations]
-        assert len(reasons) >= 2 and "worker [1, 1] rejoined" in reasons[-1], reasons
+        assert len(reasons) >= 2 and "worker [1, 1] rejoined" in reasons[-1], (reasons, run.crashed_logs)
         assert run.generations[-1]["failed"] == []
