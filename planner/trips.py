@@ -36,7 +36,7 @@ from planner.timeline import Key, Op, Orders
 from planner.validate import validate
 
 TRIPS_MAX_OPS = 600
-"""Jobs up to this many F/B/W ops get trip schedules (each costs up to ~0.3 s at 600 ops: every
+"""Jobs up to this many F/B/W ops get trip schedules (each costs ~0.15 s at 550 ops: every
 booking re-checks the worker's memory profile, and each stage's worker is chosen by booking the
 trip once per alive peer)."""
 TRIP_CADENCES = (0.8, 1.05, 0.95, 0.7, 1.1, 0.0)
