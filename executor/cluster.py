@@ -144,8 +144,8 @@ class LiveRun(TrainingResult):
     under the new plan, minus one normal iteration), detected_ms (kill to the next generation)."""
     generations: list[dict[str, Any]] = field(default_factory=list)
     crashed_logs: dict[str, str] = field(default_factory=dict)
-    """The log tail of every worker process that exited with an error while the run went on
-    ("P:S" -> text), kept because the run's directory is deleted when it ends."""
+    """Every worker process that exited with an error while the run went on ("P:S" -> its error,
+    traceback and log tail), kept because the run's directory is deleted when it ends."""
 
 
 @dataclass
