@@ -48,15 +48,22 @@ def cp_sat_from(job: JobSpec, heuristic: PlanResult, seconds: float) -> tuple[fl
 
 
 @contextmanager
-def withheld(module: ModuleType, name: str, nothing: Callable | None = None) -> Iterator[None]:
+def withheld(module: ModuleType, name: str, nothing: Callable | None = None,
+             forget: Callable[[], None] | None = None) -> Iterator[None]:
     """`module.name` (a bound function that `lower_bound` imports when called) claims nothing: it
-    returns `nothing`'s value instead (default: a zero Bound)."""
+    returns `nothing`'s value instead (default: a zero Bound). `forget` (e.g.
+    `bounds_sharing.forget`) empties the caches of terms built on it, before and after, so that
+    neither the withheld run nor the next one reads the other's values."""
     kept = getattr(module, name)
+    if forget is not None:
+        forget()
     setattr(module, name, nothing or (lambda *_, **__: Bound(0.0, "")))
     try:
         yield
     finally:
         setattr(module, name, kept)
+        if forget is not None:
+            forget()
 
 
 Draw = Callable[[random.Random], tuple[JobSpec, list]]

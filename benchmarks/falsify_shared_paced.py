@@ -36,10 +36,9 @@ def measure(job, failed):
     emptied around each, so that the withheld run computes its terms afresh."""
     bounds_sharing.forget()
     full = lower_bound(job, failed).value_ms
-    bounds_sharing.forget()
-    with withheld(bounds_sharing, "paced_w_ends", lambda costs, s, n, *_: [0.0] * (n + 1)):
+    with withheld(bounds_sharing, "paced_w_ends", lambda costs, s, n, *_: [0.0] * (n + 1),
+                  bounds_sharing.forget):
         without = lower_bound(job, failed).value_ms
-    bounds_sharing.forget()
     return full, without
 
 
