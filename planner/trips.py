@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Iterator
 
+from planner.bounds import alive_per_stage
 from planner.cp.orders import retime
 from planner.spec import JobSpec, Worker
 from planner.timeline import Key, Op, Orders
@@ -52,9 +53,9 @@ _MAX_RETRIES = 10_000
 
 def lone_survivor_stages(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> list[int]:
     """Stages left to exactly one alive worker (of two or more pipelines)."""
-    dead = set(failed)
-    return [s for s in range(job.stages)
-            if job.pipelines > 1 and sum((p, s) not in dead for p in range(job.pipelines)) == 1]
+    if job.pipelines < 2:
+        return []
+    return [s for s, alive in enumerate(alive_per_stage(job, failed)) if alive == 1]
 
 
 def trips_apply(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -> bool:
@@ -149,9 +150,9 @@ def trip_orders(job: JobSpec, failed: tuple[Worker, ...], cadence_ms: float = 0.
         """The trip on `route` (a pipeline per stage), tentatively: its F's and B's, the W's it
         had to book to free memory, where its stage-0 B ends; None if it never fits."""
         earliest_f = [released] + [0.0] * (S - 1)
-        flushed: dict[Worker, list[tuple[float, float, Key, int]]] = {}
+        flushed: dict[Worker, list[tuple[float, float, Key]]] = {}  # W's booked for it: (start, end, W)
         for _ in range(_MAX_RETRIES):
-            taken = {w: [(a, b) for a, b, _, _ in lst] for w, lst in flushed.items()}
+            taken = {w: [(a, b) for a, b, _ in lst] for w, lst in flushed.items()}
             ops: list[tuple[Worker, str, int, float, float]] = []
             f_end = [0.0] * S
             for s in range(S):
@@ -174,11 +175,11 @@ def trip_orders(job: JobSpec, failed: tuple[Worker, ...], cadence_ms: float = 0.
         for s in range(S):
             f, b = ops[s], ops[2 * S - 1 - s]
             w = f[0]
-            done = {key for _, _, key, _ in flushed.get(w, [])}
+            done = {key for _, _, key in flushed.get(w, [])}
             events = list(workers[w].memory)
             events += [(math.inf, 0, -costs.activation_w[key[3]])
                        for _, key in workers[w].pending if key not in done]
-            events += [(end, 0, -costs.activation_w[stage]) for _, end, _, stage in flushed.get(w, [])]
+            events += [(end, 0, -costs.activation_w[key[3]]) for _, end, key in flushed.get(w, [])]
             events += [(f[3], 1, costs.activation[s]),
                        (b[4], 0, -(costs.activation[s] - costs.activation_w[s])),
                        (math.inf, 0, -costs.activation_w[s])]
@@ -191,17 +192,17 @@ def trip_orders(job: JobSpec, failed: tuple[Worker, ...], cadence_ms: float = 0.
         memory no later than the next release already booked, else hold the F until that
         release. False when nothing will ever be freed."""
         mine = flushed.get(w, [])
-        done = {key for _, _, key, _ in mine}
+        done = {key for _, _, key in mine}
         releases = [t for t, _, delta in workers[w].memory if delta < 0 and t > f_start + _EPS]
-        releases += [end for _, end, _, _ in mine if end > f_start + _EPS]
+        releases += [end for _, end, _ in mine if end > f_start + _EPS]
         next_release = min(releases, default=math.inf)
         left = sorted((b_end, key) for b_end, key in workers[w].pending if key not in done)
         if left:
             b_end, key = left[0]
             duration = costs.backward_weight[key[3]]
-            start = workers[w].earliest(b_end, duration, [(a, e) for a, e, _, _ in mine])
+            start = workers[w].earliest(b_end, duration, [(a, e) for a, e, _ in mine])
             if start + duration <= next_release + _EPS:
-                flushed.setdefault(w, []).append((start, start + duration, key, key[3]))
+                flushed.setdefault(w, []).append((start, start + duration, key))
                 return True
         if next_release == math.inf:
             return False
@@ -212,10 +213,10 @@ def trip_orders(job: JobSpec, failed: tuple[Worker, ...], cadence_ms: float = 0.
         ops, flushed, _ = trip
         for w, lst in flushed.items():
             state = workers[w]
-            for start, end, key, s in lst:
+            for start, end, key in lst:
                 bisect.insort(state.busy, (start, end))
                 booked[key] = (w, start, end)
-                state.memory.append((end, 0, -costs.activation_w[s]))
+                state.memory.append((end, 0, -costs.activation_w[key[3]]))
                 state.pending = [entry for entry in state.pending if entry[1] != key]
         for w, kind, s, start, end in ops:
             bisect.insort(workers[w].busy, (start, end))
