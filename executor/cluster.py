@@ -145,7 +145,8 @@ class LiveRun(TrainingResult):
     generations: list[dict[str, Any]] = field(default_factory=list)
     crashed_logs: dict[str, str] = field(default_factory=dict)
     """Every worker process that exited with an error while the run went on ("P:S" -> its error,
-    traceback and log tail), kept because the run's directory is deleted when it ends."""
+    traceback and log tail, each of its lives that crashed in turn), kept because the run's
+    directory is deleted when it ends."""
 
 
 @dataclass
@@ -223,8 +224,11 @@ class LiveCluster:
                                       if store.check([f"loss/{i}"])}
                 self.posted_records, self.posted_generations = self._posted(store)
                 outputs = self._outputs(procs)
-                crashed = {f"{w[0]}:{w[1]}": self._crash_report(w, proc)
-                           for w, proc in procs if proc.state == "crashed"}
+                crashed: dict[str, str] = {}
+                for w, proc in procs:  # a worker that rejoined and crashed again: both reports
+                    if proc.state == "crashed":
+                        key = f"{w[0]}:{w[1]}"
+                        crashed[key] = crashed.get(key, "") + self._crash_report(w, proc)
             finally:
                 for _, proc in procs:
                     if proc.popen.poll() is None:
