@@ -1,0 +1,77 @@
+"""Every made-up case's constructive plan, from two checkouts side by side (issue 8, 1.03 bar).
+
+Usage:
+    python benchmarks/heuristic_side_by_side.py --seeds 60 61 ... 75 --json after.jsonl
+                                                [--root PATH]   (the planner of another checkout,
+                                                                 e.g. a `git worktree` of an older commit)
+                                                [--budget 3] [--max-ops 3000]
+    python benchmarks/lone_survivors.py --compare before.jsonl after.jsonl
+
+Draws the jobs and failure sets of `benchmarks/gap_unseen.py --jobs 10 --sets 3 --seed N` (`--jobs
+6` for seed 0) and runs `candidates.best_heuristic` on every case of a job of at most `--max-ops`
+F/B/W ops, as `planner.solve` does before CP-SAT: the proven bound, the job's fault-free plan as the
+insertion template, `--budget` seconds. Without CP-SAT's clock a change to the constructive search
+shows alone (the routing search still stops at the budget, so run the two sides at once, one core
+each). One JSON line per case, in `lone_survivors.py`'s format (its `--compare` reads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+
+def run(args: argparse.Namespace) -> None:
+    root = Path(args.root).resolve() if args.root else Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root / "benchmarks"))
+    from gap_unseen import failure_sets, made_up_job
+
+    from planner.bounds import lower_bound
+    from planner.candidates import best_heuristic
+    from planner.fault_free import fault_free_plan
+    from planner.validate import validate
+
+    with open(args.json, "w") as out:
+        for seed in args.seeds:
+            rng = random.Random(seed)
+            for j in range(6 if seed == 0 else 10):
+                job = made_up_job(rng)
+                sets = failure_sets(job, rng, 3)
+                if job.op_count > args.max_ops:
+                    continue
+                ff = fault_free_plan(job)
+                for pattern, failed in sets:
+                    failed = tuple(failed)
+                    bound = lower_bound(job, failed).value_ms
+                    started = time.perf_counter()
+                    template = list(ff.ops)
+                    ops, period, winner = best_heuristic(job, failed, bound, args.budget, template=template)
+                    shape = f"{job.pipelines}x{job.stages}x{job.microbatches}"
+                    row = {"case": f"{seed}:{j}:{pattern}", "shape": shape, "failed": failed,
+                           "period": period, "bound": bound, "ff": ff.iteration_ms,
+                           "ratio": period / max(ff.iteration_ms, bound),
+                           "valid": not validate(job, failed, ops),
+                           "wall_s": time.perf_counter() - started, "winner": winner}
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                    print(f"{row['case']} {shape} {period:.1f} {row['ratio']:.3f} {winner}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    parser.add_argument("--json", default="heuristic_side_by_side.jsonl")
+    parser.add_argument("--root", help="checkout whose planner to use (default: this one)")
+    parser.add_argument("--budget", type=float, default=3.0, help="best_heuristic's budget_s")
+    parser.add_argument("--max-ops", type=int, default=3000)
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
