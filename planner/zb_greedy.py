@@ -281,11 +281,10 @@ def zb_greedy_templates(job: JobSpec, count: int) -> list[tuple[list[Op], str]]:
     replayed period first (ties: the order they are made in), each with its name: fault-free
     templates that re-routed work is inserted into (`candidates.best_heuristic`). The cached
     fault-free plan is a faster schedule found from these by adjacent order swaps
-    (`planner.fault_free`), and on the made-up 5 x 8 x 12 below the swaps deepen the warm-ups
-    (one more forward before the first B at stages 2-6), filling the gaps a peer takes re-routed
-    work into: with (3, 4) dead, 343.6 ms inserted into the cached plan (317.3 fault-free), 335.3
-    into the greedy's (319.2). Cached per job (every failure set of a job precomputed asks again:
-    0.3 s at 1 x 16 x 64)."""
+    (`planner.fault_free`), but a faster fault-free order is not always the better one to insert
+    into: made-up 5 x 8 x 12 with (3, 4) dead, 343.6 ms inserted into the cached plan (317.3
+    fault-free), 335.3 into the greedy's (319.2). Cached per job (every failure set of a job
+    precomputed asks again: 0.3 s at 1 x 16 x 64)."""
     one = json.dumps({**job.filled(), "pipelines": 1}, sort_keys=True)
     return [(list(ops), name) for ops, name in _ranked_templates(one, count)]
 

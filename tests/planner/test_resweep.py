@@ -73,8 +73,8 @@ def test_the_re_routed_work_is_inserted_into_zero_bubbles_greedy_schedule_too():
     """Zero Bubble's greedy (variant: bubble before the first B, no B priority, W's only into
     waits they fit) made by hand here on one pipeline, the failed worker's micro-batches inserted
     on its peers, W's swept: better on this job than inserting into the cached fault-free plan
-    (the greedy's improved by order swaps, 0.6% faster fault-free, with deeper warm-ups), and the
-    planner keeps at least that."""
+    (the greedy's improved by order swaps, 0.6% faster fault-free), and the planner keeps at
+    least that."""
     job = JobSpec.parse(DEEP_JOB)
     greedy = zb_greedy_schedule(one_pipeline(job), True, False, False)
     template = list(fault_free_plan(job).ops)
