@@ -55,6 +55,9 @@ HEURISTIC_GRID_MAX_OPS = 60_000
 ZB_TEMPLATES = 2
 """Zero Bubble greedy schedules (distinct, least period first) the re-routed work is also inserted
 into, besides the fault-free plan (notes AU)."""
+INSERTION_SEARCH_SHARE = 0.5
+"""Share of the budget left at the routing search that the swaps judged by an insertion take, where
+an insertion is the best candidate (the list-judged search gets the rest)."""
 MIXES_ALWAYS_MAX_OPS = 3_000
 """Up to this many F/B/W ops every mix is tried whatever the budget (deterministic on small jobs)."""
 MIX_LIST_POLICIES = 6
@@ -221,6 +224,7 @@ def best_heuristic(
         when the caller passed it)."""
         return bound_ms if bound_ms > 0 else lower_bound(job, failed).value_ms
 
+    inserted: dict[str, tuple[list[Op], SweepPolicy]] = {}  # insertion candidates: template, sweep
     if template is not None and failed:
         # Minimal disruption first: the fault-free plan everywhere, re-routed work inserted on peers;
         # below the grid's size also into Zero Bubble's greedy schedules (`zb_greedy_templates`).
@@ -232,8 +236,9 @@ def best_heuristic(
                 orders = insertion_orders(job, routing(rot), into)
                 for overrun in (0.0, 0.5) if not big else (0.0,):
                     policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
-                    if consider(sweep_schedule(job, routing(rot), policy, orders),
-                                f"insert-into-{label}(overrun={overrun:g},rot={rot})"):
+                    name = f"insert-into-{label}(overrun={overrun:g},rot={rot})"
+                    inserted[name] = (into, policy)
+                    if consider(sweep_schedule(job, routing(rot), policy, orders), name):
                         return best
     # The ReCycle paper's construction: the planner is never behind it. Above the grid's size it
     # is skipped like the grid (it cost 1.9 of 7 s at 32 x 16 x 64 and never won there).
@@ -493,6 +498,23 @@ def best_heuristic(
         for ops, name in trip_candidates(job, failed, failure_bound(), deadline):
             if consider(ops, name):
                 return best
+    if failed and not big and best is not None and best[2] in inserted:
+        # An insertion is the best candidate: which peer serves which moved micro-batch, judged by
+        # the same insertion (the list policies below judge a routing by list schedules, which do
+        # not reproduce it), with INSERTION_SEARCH_SHARE of what is left of the budget (made-up
+        # 5 x 8 x 12 with (3, 4) dead: 335.3 -> 331.2 ms; notes AU).
+        into, sweep = inserted[best[2]]
+        left = max(0.0, started + budget_s - time.perf_counter())
+
+        def judge(candidate: Routing) -> list[Op] | None:
+            return sweep_schedule(job, candidate, sweep, insertion_orders(job, candidate, into))
+
+        found = search_routing(job, routing(sweep.routing_rotation), [], best[1], bound_ms,
+                               deadline=time.perf_counter() + INSERTION_SEARCH_SHARE * left,
+                               any_share=0.0, span_margin=None, judge=judge)
+        name = f"{best[2]}+routes({found.accepted}/{found.evaluations})" if found is not None else ""
+        if found is not None and consider(found.ops, name):
+            return best
     if failed and not big and listed:
         # Which peer serves which micro-batch, searched by swaps on the best list schedule's
         # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]

@@ -28,6 +28,10 @@ was 506.7 (a mix), and swaps at stage 1 from the balanced routing reached 492.1 
 13 better and 7 worse (mean -0.28%; seed 39's 3 x 5 x 21 stage 1.110 -> 1.062). On larger jobs
 the wall ends the search and these swaps dilute the rest (the one of 27 such cases they changed,
 8 x 8 x 17 spread, went from 499.7 to 502.0 ms).
+A `judge` may replace the list policies: any function from a routing to a schedule (or None).
+The solve passes the insertion of the re-routed work into a fault-free template when that
+insertion is the best candidate, which the list policies do not reproduce (made-up 5 x 8 x 12 with
+(3, 4) dead: 335.3 -> 331.2 ms in 200 swaps; docs/notes/planner-issue8.md, AU).
 Seeded, so the sequence of swaps is deterministic; it stops at its evaluation cap, at the deadline,
 or at the bound.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.bounds import alive_per_stage
@@ -78,7 +83,8 @@ dilute the moved-only swaps: on 8 x 8 x 24 with [0, 3] dead the 10 s plan went f
 class RouteSearchResult:
     ops: list[Op]
     period_ms: float
-    policy: Policy
+    policy: Policy | None
+    """The list policy that made `ops`; None when a `judge` did."""
     routing: Routing
     evaluations: int
     accepted: int
@@ -130,8 +136,27 @@ def _period(job: JobSpec, routing: Routing, policy: Policy,
     return (report.iteration_ms, ops) if report.converged else None
 
 
+Judge = Callable[[Routing], "list[Op] | None"]
+"""Schedules a routing in place of the list policies (`search_routing`'s `judge`)."""
+
+
+def _judged(job: JobSpec, routing: Routing, judge: Judge,
+            skip_above: float) -> tuple[float, list[Op], None] | None:
+    ops = judge(routing)
+    if ops is None or _span(ops) > skip_above:
+        return None
+    try:
+        report = replay(job, ops)
+    except ReplayError:
+        return None
+    return (report.iteration_ms, ops, None) if report.converged else None
+
+
 def _best(job: JobSpec, routing: Routing, policies: list[Policy],
-          skip_above: float = float("inf")) -> tuple[float, list[Op], Policy] | None:
+          skip_above: float = float("inf"),
+          judge: Judge | None = None) -> tuple[float, list[Op], Policy | None] | None:
+    if judge is not None:
+        return _judged(job, routing, judge, skip_above)
     best = None
     for policy in policies:
         found = _period(job, routing, policy, skip_above)
@@ -152,13 +177,15 @@ def search_routing(
     any_share: float = ANY_SHARE,
     span_margin: float | None = SPAN_MARGIN,
     still_stages: bool = False,
+    judge: Judge | None = None,
 ) -> RouteSearchResult | None:
     """The best routing found by swaps from `routing` (whose best list period is `period_ms`), or
     None when no swap beat it. `deadline` is a `time.perf_counter()` value; `any_share` the share
     of swaps drawn among all of a stage's micro-batches (0: moved ones only); `span_margin` see
     `SPAN_MARGIN` (None: replay every swap); `still_stages`: where some worker failed, also swap
     among all the micro-batches of each stage with two or more alive workers that swaps among moved
-    micro-batches cannot change (none moved there, or all moved to one peer; module docstring)."""
+    micro-batches cannot change (none moved there, or all moved to one peer; module docstring).
+    `judge`, when given, schedules each routing instead of `policies` (module docstring)."""
     by_stage: dict[int, list[tuple[int, int, int]]] = {}
     for key in sorted(routing.moved):
         by_stage.setdefault(key[2], []).append(key)
@@ -175,7 +202,7 @@ def search_routing(
              for s in drawn_among_all}
     if every:
         stages = sorted(set(stages) | set(every))
-    if not stages or not policies:
+    if not stages or not (policies or judge):
         return None
     rng = random.Random(seed)
     current, current_ms = routing, period_ms
@@ -201,7 +228,7 @@ def search_routing(
         candidate = swapped(current, a, b)
         evaluations += 1
         skip_above = float("inf") if span_margin is None else current_ms * (1 + span_margin)
-        found = _best(job, candidate, policies, skip_above)
+        found = _best(job, candidate, policies, skip_above, judge)
         if found is None or found[0] > current_ms + 1e-9:
             continue
         current, current_ms = candidate, found[0]

@@ -1,14 +1,18 @@
 """Two candidates of `candidates.best_heuristic` on a deep job with one failure (issue 8;
 docs/notes/planner-issue8.md, AU): the best list schedule with its W's re-placed by a sweep (the
-resweep), whether or not that list schedule was the best candidate so far, and the re-routed
-work inserted into Zero Bubble's greedy schedules besides the cached fault-free plan."""
+resweep), whether or not that list schedule was the best candidate so far; the re-routed work
+inserted into Zero Bubble's greedy schedules besides the cached fault-free plan; and which peer
+serves which re-routed micro-batch searched with that insertion as the judge."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 from planner import candidates
 from planner.candidates import best_heuristic, heuristic_policies
 from planner.fault_free import fault_free_plan
 from planner.heuristic import list_schedule
+from planner.route_search import search_routing
 from planner.routing import balanced_routing
 from planner.simulator import replay
 from planner.spec import JobSpec
@@ -39,8 +43,10 @@ def test_the_best_list_schedule_is_reswept_when_the_insertion_into_the_fault_fre
     On this job the fault-free plan with the failed worker's micro-batches inserted on its peers
     beats every list schedule, and the resweep of the best list schedule beats both; the planner
     used to resweep only a list schedule that was the best candidate, so it kept the insertion.
-    (Zero Bubble's templates, better still here, are left out: the next test is theirs.)"""
+    (Zero Bubble's templates and the routing search judged by the insertion, better still here,
+    are left out: the next tests are theirs.)"""
     monkeypatch.setattr(candidates, "ZB_TEMPLATES", 0)
+    monkeypatch.setattr(candidates, "INSERTION_SEARCH_SHARE", 0.0)
     job = JobSpec.parse(DEEP_JOB)
     listed = []
     for policy in heuristic_policies(job):
@@ -104,3 +110,30 @@ def test_zero_bubble_templates_are_distinct_and_least_period_first():
     assert all(orders[i] != orders[j] for i in range(3) for j in range(i))
     assert all(validate(one, (), ops) == [] for ops, _ in templates)
     assert zb_greedy_templates(job, 0) == []
+
+
+def test_which_peer_serves_which_micro_batch_is_searched_with_the_insertion_as_judge():
+    """The routing search with the insertion into the greedy's schedule as its judge: from the
+    balanced assignment (pipeline 3's micro-batches dealt to the four stage-4 peers in turn) swaps
+    find a faster one; every peer keeps three of them (the loads never move), the plan is the
+    judge's own for that routing, valid; and the planner, which runs that search when an insertion
+    is its best candidate, keeps at least it."""
+    job = JobSpec.parse(DEEP_JOB)
+    greedy = zb_greedy_schedule(one_pipeline(job), True, False, False)
+    balanced = balanced_routing(job, FAILED, 0)
+    sweep = SweepPolicy(w_overrun=0.0)
+
+    def judge(routing):
+        return sweep_schedule(job, routing, sweep, insertion_orders(job, routing, greedy))
+
+    start = period(job, judge(balanced))
+    found = search_routing(job, balanced, [], start, 0.0, float("inf"), any_share=0.0, span_margin=None,
+                           judge=judge)
+    assert found is not None and found.policy is None
+    assert found.period_ms < start - 2.0
+    assert sorted(Counter(found.routing.moved.values()).values()) == [3, 3, 3, 3]
+    assert found.routing.moved.keys() == balanced.moved.keys()
+    assert period(job, found.ops) == found.period_ms == period(job, judge(found.routing))
+    assert validate(job, FAILED, found.ops) == []
+    ops, ms, name = best_heuristic(job, FAILED, template=list(fault_free_plan(job).ops))
+    assert ms <= found.period_ms + 1e-6, name
