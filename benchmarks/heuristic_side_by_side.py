@@ -18,48 +18,30 @@ each). One JSON line per case, in `lone_survivors.py`'s format (its `--compare` 
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import sys
 import time
-from pathlib import Path
+
+from lone_survivors import made_up_cases, use_checkout, write_row
 
 
 def run(args: argparse.Namespace) -> None:
-    root = Path(args.root).resolve() if args.root else Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    sys.path.insert(0, str(root / "benchmarks"))
-    from gap_unseen import failure_sets, made_up_job
-
+    use_checkout(args.root)
     from planner.bounds import lower_bound
     from planner.candidates import best_heuristic
     from planner.fault_free import fault_free_plan
     from planner.validate import validate
 
     with open(args.json, "w") as out:
-        for seed in args.seeds:
-            rng = random.Random(seed)
-            for j in range(6 if seed == 0 else 10):
-                job = made_up_job(rng)
-                sets = failure_sets(job, rng, 3)
-                if job.op_count > args.max_ops:
-                    continue
-                ff = fault_free_plan(job)
-                for pattern, failed in sets:
-                    failed = tuple(failed)
-                    bound = lower_bound(job, failed).value_ms
-                    started = time.perf_counter()
-                    template = list(ff.ops)
-                    ops, period, winner = best_heuristic(job, failed, bound, args.budget, template=template)
-                    shape = f"{job.pipelines}x{job.stages}x{job.microbatches}"
-                    row = {"case": f"{seed}:{j}:{pattern}", "shape": shape, "failed": failed,
-                           "period": period, "bound": bound, "ff": ff.iteration_ms,
-                           "ratio": period / max(ff.iteration_ms, bound),
-                           "valid": not validate(job, failed, ops),
-                           "wall_s": time.perf_counter() - started, "winner": winner}
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
-                    print(f"{row['case']} {shape} {period:.1f} {row['ratio']:.3f} {winner}", flush=True)
+        for seed, j, job, sets in made_up_cases(args.seeds):
+            if job.op_count > args.max_ops:
+                continue
+            ff = fault_free_plan(job)
+            for pattern, failed in sets:
+                failed = tuple(failed)
+                bound = lower_bound(job, failed).value_ms
+                started = time.perf_counter()
+                ops, period, winner = best_heuristic(job, failed, bound, args.budget, template=list(ff.ops))
+                write_row(out, f"{seed}:{j}:{pattern}", job, failed, period, bound, ff.iteration_ms,
+                          not validate(job, failed, ops), time.perf_counter() - started, winner)
 
 
 def main() -> None:

@@ -33,39 +33,55 @@ def gated(job, failed, max_ops: int) -> bool:
     return job.pipelines > 1 and lone and job.op_count <= max_ops
 
 
-def run(args: argparse.Namespace) -> None:
-    root = Path(args.root).resolve() if args.root else Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    sys.path.insert(0, str(root / "benchmarks"))
+def use_checkout(root: str | None) -> None:
+    """Put the planner of checkout `root` (default: this one) and its benchmarks first on the
+    import path; call it before importing `planner`."""
+    root_path = Path(root).resolve() if root else Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root_path))
+    sys.path.insert(0, str(root_path / "benchmarks"))
+
+
+def made_up_cases(seeds: list[int]):
+    """(seed, job number, job, failure sets) of `gap_unseen.py --jobs 10 --sets 3 --seed N` (`--jobs
+    6` for seed 0)."""
     from gap_unseen import failure_sets, made_up_job
 
+    for seed in seeds:
+        rng = random.Random(seed)
+        for j in range(6 if seed == 0 else 10):
+            job = made_up_job(rng)
+            yield seed, j, job, failure_sets(job, rng, 3)
+
+
+def write_row(out, case: str, job, failed, period: float, bound: float, ff: float, valid: bool,
+              wall_s: float, winner: str) -> None:
+    """One case as a JSON line of `out` (the format `compare` reads), and a line on stdout."""
+    row = {"case": case, "shape": f"{job.pipelines}x{job.stages}x{job.microbatches}", "failed": failed,
+           "period": period, "bound": bound, "ff": ff, "ratio": period / max(ff, bound),
+           "valid": valid, "wall_s": wall_s, "winner": winner}
+    out.write(json.dumps(row) + "\n")
+    out.flush()
+    print(f"{case} {row['shape']} {period:.1f} {row['ratio']:.3f} {winner}", flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    use_checkout(args.root)
     from planner.fault_free import fault_free_plan
     from planner.solve import plan
     from planner.validate import validate
 
     with open(args.json, "w") as out:
-        for seed in args.seeds:
-            rng = random.Random(seed)
-            for j in range(6 if seed == 0 else 10):
-                job = made_up_job(rng)
-                sets = failure_sets(job, rng, 3)
-                ff = None
-                for pattern, failed in sets:
-                    if not gated(job, failed, args.max_ops):
-                        continue
-                    ff = ff if ff is not None else fault_free_plan(job).iteration_ms
-                    started = time.perf_counter()
-                    result = plan(job, failed, time_limit_s=args.time_limit)
-                    shape = f"{job.pipelines}x{job.stages}x{job.microbatches}"
-                    row = {"case": f"{seed}:{j}:{pattern}", "shape": shape, "failed": failed,
-                           "period": result.iteration_ms, "bound": result.lower_bound_ms,
-                           "ff": ff, "ratio": result.iteration_ms / max(ff, result.lower_bound_ms),
-                           "valid": not validate(job, result.failed, result.ops),
-                           "wall_s": time.perf_counter() - started, "winner": result.stats.heuristic_policy}
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
-                    print(f"{row['case']} {row['shape']} {row['period']:.1f} {row['ratio']:.3f} "
-                          f"{row['winner']}", flush=True)
+        for seed, j, job, sets in made_up_cases(args.seeds):
+            ff = None
+            for pattern, failed in sets:
+                if not gated(job, failed, args.max_ops):
+                    continue
+                ff = ff if ff is not None else fault_free_plan(job).iteration_ms
+                started = time.perf_counter()
+                result = plan(job, failed, time_limit_s=args.time_limit)
+                write_row(out, f"{seed}:{j}:{pattern}", job, failed, result.iteration_ms,
+                          result.lower_bound_ms, ff, not validate(job, result.failed, result.ops),
+                          time.perf_counter() - started, result.stats.heuristic_policy)
 
 
 def compare(before_path: str, after_path: str) -> None:

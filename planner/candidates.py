@@ -512,9 +512,10 @@ def best_heuristic(
         found = search_routing(job, routing(sweep.routing_rotation), [], best[1], bound_ms,
                                deadline=time.perf_counter() + INSERTION_SEARCH_SHARE * left,
                                any_share=0.0, span_margin=None, judge=judge)
-        name = f"{best[2]}+routes({found.accepted}/{found.evaluations})" if found is not None else ""
-        if found is not None and consider(found.ops, name):
-            return best
+        if found is not None:
+            name = f"{best[2]}+routes({found.accepted}/{found.evaluations})"
+            if consider(found.ops, name):
+                return best
     if failed and not big and listed:
         # Which peer serves which micro-batch, searched by swaps on the best list schedule's
         # routing with what is left of the budget (`planner.route_search`: 8 x 8 x 24 with [0, 4]

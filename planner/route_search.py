@@ -124,10 +124,15 @@ def _span(ops: list[Op]) -> float:
     return max(last[w] - first[w] for w in first)
 
 
-def _period(job: JobSpec, routing: Routing, policy: Policy,
+Judge = Callable[[Routing], "list[Op] | None"]
+"""Schedules a routing in place of the list policies (`search_routing`'s `judge`)."""
+
+
+def _period(job: JobSpec, ops: list[Op] | None,
             skip_above: float = float("inf")) -> tuple[float, list[Op]] | None:
-    ops = list_schedule(job, routing, policy)
-    if _span(ops) > skip_above:
+    """`ops`' replayed period (with `ops`), or None: no schedule, a span above `skip_above`
+    (`SPAN_MARGIN`), a replay that fails or does not settle."""
+    if ops is None or _span(ops) > skip_above:
         return None
     try:
         report = replay(job, ops)
@@ -136,30 +141,15 @@ def _period(job: JobSpec, routing: Routing, policy: Policy,
     return (report.iteration_ms, ops) if report.converged else None
 
 
-Judge = Callable[[Routing], "list[Op] | None"]
-"""Schedules a routing in place of the list policies (`search_routing`'s `judge`)."""
-
-
-def _judged(job: JobSpec, routing: Routing, judge: Judge,
-            skip_above: float) -> tuple[float, list[Op], None] | None:
-    ops = judge(routing)
-    if ops is None or _span(ops) > skip_above:
-        return None
-    try:
-        report = replay(job, ops)
-    except ReplayError:
-        return None
-    return (report.iteration_ms, ops, None) if report.converged else None
-
-
 def _best(job: JobSpec, routing: Routing, policies: list[Policy],
           skip_above: float = float("inf"),
           judge: Judge | None = None) -> tuple[float, list[Op], Policy | None] | None:
     if judge is not None:
-        return _judged(job, routing, judge, skip_above)
+        found = _period(job, judge(routing), skip_above)
+        return None if found is None else (*found, None)
     best = None
     for policy in policies:
-        found = _period(job, routing, policy, skip_above)
+        found = _period(job, list_schedule(job, routing, policy), skip_above)
         if found is not None and (best is None or found[0] < best[0] - 1e-9):
             best = (found[0], found[1], policy)
     return best

@@ -10,7 +10,7 @@ from collections import Counter
 
 from planner import candidates
 from planner.candidates import best_heuristic, heuristic_policies
-from planner.fault_free import fault_free_plan
+from planner.fault_free import fault_free_plan, single_pipeline
 from planner.heuristic import list_schedule
 from planner.route_search import search_routing
 from planner.routing import balanced_routing
@@ -71,10 +71,6 @@ def test_the_best_list_schedule_is_reswept_when_the_insertion_into_the_fault_fre
     assert ms <= resweep_ms + 1e-6, name
 
 
-def one_pipeline(job: JobSpec) -> JobSpec:
-    return JobSpec.parse({**job.filled(), "pipelines": 1})
-
-
 def test_the_re_routed_work_is_inserted_into_zero_bubbles_greedy_schedule_too():
     """Zero Bubble's greedy (variant: bubble before the first B, no B priority, W's only into
     waits they fit) made by hand here on one pipeline, the failed worker's micro-batches inserted
@@ -82,9 +78,9 @@ def test_the_re_routed_work_is_inserted_into_zero_bubbles_greedy_schedule_too():
     (the greedy's improved by order swaps, 0.6% faster fault-free), and the planner keeps at
     least that."""
     job = JobSpec.parse(DEEP_JOB)
-    greedy = zb_greedy_schedule(one_pipeline(job), True, False, False)
+    greedy = zb_greedy_schedule(single_pipeline(job), True, False, False)
     template = list(fault_free_plan(job).ops)
-    assert period(one_pipeline(job), template) < period(one_pipeline(job), greedy) - 1.0
+    assert period(single_pipeline(job), template) < period(single_pipeline(job), greedy) - 1.0
     routing = balanced_routing(job, FAILED, 0)
 
     def inserted_ms(into) -> float:
@@ -100,7 +96,7 @@ def test_the_re_routed_work_is_inserted_into_zero_bubbles_greedy_schedule_too():
 
 def test_zero_bubble_templates_are_distinct_and_least_period_first():
     job = JobSpec.parse(DEEP_JOB)
-    one = one_pipeline(job)
+    one = single_pipeline(job)
     made = [period(one, ops) for ops, _ in zb_greedy_candidates(one) if ops is not None]
     templates = zb_greedy_templates(job, 3)
     assert len(templates) == 3
@@ -119,7 +115,7 @@ def test_which_peer_serves_which_micro_batch_is_searched_with_the_insertion_as_j
     judge's own for that routing, valid; and the planner, which runs that search when an insertion
     is its best candidate, keeps at least it."""
     job = JobSpec.parse(DEEP_JOB)
-    greedy = zb_greedy_schedule(one_pipeline(job), True, False, False)
+    greedy = zb_greedy_schedule(single_pipeline(job), True, False, False)
     balanced = balanced_routing(job, FAILED, 0)
     sweep = SweepPolicy(w_overrun=0.0)
 
