@@ -5,6 +5,7 @@ Usage:
                                                 [--root PATH]   (the planner of another checkout,
                                                                  e.g. a `git worktree` of an older commit)
                                                 [--budget 3] [--max-ops 3000]
+                                                [--last-stage]  (only failure sets that hit the last stage)
     python benchmarks/lone_survivors.py --compare before.jsonl after.jsonl
 
 Draws the jobs and failure sets of `benchmarks/gap_unseen.py --jobs 10 --sets 3 --seed N` (`--jobs
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> None:
             ff = fault_free_plan(job)
             for pattern, failed in sets:
                 failed = tuple(failed)
+                if args.last_stage and all(s != job.stages - 1 for _, s in failed):
+                    continue
                 bound = lower_bound(job, failed).value_ms
                 started = time.perf_counter()
                 ops, period, winner = best_heuristic(job, failed, bound, args.budget, template=list(ff.ops))
@@ -52,6 +55,8 @@ def main() -> None:
     parser.add_argument("--root", help="checkout whose planner to use (default: this one)")
     parser.add_argument("--budget", type=float, default=3.0, help="best_heuristic's budget_s")
     parser.add_argument("--max-ops", type=int, default=3000)
+    parser.add_argument("--last-stage", action="store_true",
+                        help="only failure sets with a failed worker at the last stage")
     run(parser.parse_args())
 
 

@@ -1,7 +1,8 @@
 """The constructive search: every heuristic candidate replayed, the best period kept.
 
 Candidates, in the order tried: the fault-free plan (and Zero Bubble's greedy schedules) with
-re-routed work inserted on the peers,
+re-routed work inserted on the peers (at a damaged last stage also as F/B pairs after the peer's
+own B),
 the ReCycle paper's construction (1F1B kept, round-robin re-routing: `planner.paper_style`),
 fault-free only: Zero Bubble's greedy (`planner.zb_greedy`) and warm-ups deeper than 1F1B's
 (`planner.deep_warmup`),
@@ -224,22 +225,29 @@ def best_heuristic(
         when the caller passed it)."""
         return bound_ms if bound_ms > 0 else lower_bound(job, failed).value_ms
 
-    inserted: dict[str, tuple[list[Op], SweepPolicy]] = {}  # insertion candidates: template, sweep
+    inserted: dict[str, tuple[list[Op], SweepPolicy, bool]] = {}  # name: template, sweep, pairs
     if template is not None and failed:
         # Minimal disruption first: the fault-free plan everywhere, re-routed work inserted on peers;
         # below the grid's size also into Zero Bubble's greedy schedules (`zb_greedy_templates`).
+        # Where the last stage lost a worker, each insertion is also made with the moved
+        # micro-batches' F and B there as one pair after the peer's own B (`insertion_orders`);
+        # below the grid's size only (at 1024 x 16 x 64 with a last-stage failure among eight the
+        # extra sweep cost 1.26 -> 1.64 s of the CLI's wall and did not win).
         templates = [(template, "fault-free")]
         if not big:
             templates += zb_greedy_templates(job, ZB_TEMPLATES)
+        last_stage_failed = not big and any(s == job.stages - 1 for _, s in failed)
         for into, label in templates:
             for rot in (0, 1) if not big else (0,):
-                orders = insertion_orders(job, routing(rot), into)
-                for overrun in (0.0, 0.5) if not big else (0.0,):
-                    policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
-                    name = f"insert-into-{label}(overrun={overrun:g},rot={rot})"
-                    inserted[name] = (into, policy)
-                    if consider(sweep_schedule(job, routing(rot), policy, orders), name):
-                        return best
+                for pairs in (False, True) if last_stage_failed else (False,):
+                    orders = insertion_orders(job, routing(rot), into, last_stage_pairs=pairs)
+                    for overrun in (0.0, 0.5) if not big else (0.0,):
+                        policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
+                        name = (f"insert-into-{label}(overrun={overrun:g},rot={rot}"
+                                f"{',last-stage-pairs' if pairs else ''})")
+                        inserted[name] = (into, policy, pairs)
+                        if consider(sweep_schedule(job, routing(rot), policy, orders), name):
+                            return best
     # The ReCycle paper's construction: the planner is never behind it. Above the grid's size it
     # is skipped like the grid (it cost 1.9 of 7 s at 32 x 16 x 64 and never won there).
     if failed and not big and consider(paper_style_schedule(job, failed), "paper-style(1F1B,round-robin)"):
@@ -503,11 +511,12 @@ def best_heuristic(
         # the same insertion (the list policies below judge a routing by list schedules, which do
         # not reproduce it), with INSERTION_SEARCH_SHARE of what is left of the budget (made-up
         # 5 x 8 x 12 with (3, 4) dead: 335.3 -> 331.2 ms; notes AU).
-        into, sweep = inserted[best[2]]
+        into, sweep, pairs = inserted[best[2]]
         left = max(0.0, started + budget_s - time.perf_counter())
 
         def judge(candidate: Routing) -> list[Op] | None:
-            return sweep_schedule(job, candidate, sweep, insertion_orders(job, candidate, into))
+            orders = insertion_orders(job, candidate, into, last_stage_pairs=pairs)
+            return sweep_schedule(job, candidate, sweep, orders)
 
         found = search_routing(job, routing(sweep.routing_rotation), [], best[1], bound_ms,
                                deadline=time.perf_counter() + INSERTION_SEARCH_SHARE * left,

@@ -80,7 +80,8 @@ def _worker_orders(job: JobSpec, routing: Routing, policy: SweepPolicy) -> Order
     return orders
 
 
-def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orders:
+def insertion_orders(job: JobSpec, routing: Routing, template: list[Op],
+                     last_stage_pairs: bool = False) -> Orders:
     """Fault-free orders for every alive worker, with each re-routed micro-batch inserted on its peer.
 
     `template` is a one-pipeline fault-free schedule (pipeline 0's ops). Every alive worker keeps that
@@ -88,16 +89,28 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orde
     peer's own op of index m, where its input arrives (all pipelines run the same template, so p's
     neighbours send it when the peer's own pipeline sends index m). The rest of the job keeps its
     optimal rhythm; only the peers absorb the extra work.
+
+    `last_stage_pairs`: at the last stage a micro-batch's B follows its F at once, so the peer's own F
+    and B of index m are adjacent, and a moved F inserted between them holds the peer's own B (and
+    its whole pipeline's gradients) behind a forward that arrives a cross-pipeline hop later. With
+    this set a micro-batch moved at the last stage runs its F and B together right after the peer's
+    own B of index m instead (made-up 8 x 3 x 20 with (5, 2) dead, every stage holding two
+    micro-batches: inserted 430.7 -> 390.4 ms against the 10 s plan's 392.3; docs/notes/
+    planner-issue8.md, AV). The ReCycle paper's construction (`planner.paper_style`) keeps the
+    default.
     """
     S, D = job.stages, job.pipelines
     stage_order: dict[int, list[tuple[str, int]]] = {}
     for op in sorted(template, key=lambda o: o.start_ms):
         if op.kind in ("F", "B") and op.worker[0] == 0:
             stage_order.setdefault(op.worker[1], []).append((op.kind, op.microbatch[1]))
-    moved: dict[tuple[int, int, str, int], list[int]] = {}  # (peer, stage, kind, m) -> homes
+    moved: dict[tuple[int, int, str, int], list[tuple[str, int]]] = {}  # (peer, stage, kind, m) -> ops
     for (home, m, s), q in sorted(routing.moved.items()):
+        if last_stage_pairs and s == S - 1:
+            moved.setdefault((q, s, "B", m), []).extend((("F", home), ("B", home)))
+            continue
         for kind in ("F", "B"):
-            moved.setdefault((q, s, kind, m), []).append(home)
+            moved.setdefault((q, s, kind, m), []).append((kind, home))
     dead = set(routing.failed)
     receiving = {(q, s) for q, s, _, _ in moved}
     orders: Orders = {}
@@ -111,7 +124,7 @@ def insertion_orders(job: JobSpec, routing: Routing, template: list[Op]) -> Orde
             seq: list[Key] = []
             for kind, m in stage_order.get(s, []):
                 seq.append((kind, q, m, s))
-                seq.extend((kind, home, m, s) for home in moved.get((q, s, kind, m), ()))
+                seq.extend((extra, home, m, s) for extra, home in moved.get((q, s, kind, m), ()))
             orders[(q, s)] = seq
     return orders
 
