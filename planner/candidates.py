@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import time
 from array import array
 from collections.abc import Callable
@@ -236,18 +237,17 @@ def best_heuristic(
         templates = [(template, "fault-free")]
         if not big:
             templates += zb_greedy_templates(job, ZB_TEMPLATES)
-        last_stage_failed = not big and any(s == job.stages - 1 for _, s in failed)
-        for into, label in templates:
-            for rot in (0, 1) if not big else (0,):
-                for pairs in (False, True) if last_stage_failed else (False,):
-                    orders = insertion_orders(job, routing(rot), into, last_stage_pairs=pairs)
-                    for overrun in (0.0, 0.5) if not big else (0.0,):
-                        policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
-                        name = (f"insert-into-{label}(overrun={overrun:g},rot={rot}"
-                                f"{',last-stage-pairs' if pairs else ''})")
-                        inserted[name] = (into, policy, pairs)
-                        if consider(sweep_schedule(job, routing(rot), policy, orders), name):
-                            return best
+        rotations = (0, 1) if not big else (0,)
+        placements = (False, True) if not big and any(s == job.stages - 1 for _, s in failed) else (False,)
+        for (into, label), rot, pairs in itertools.product(templates, rotations, placements):
+            orders = insertion_orders(job, routing(rot), into, last_stage_pairs=pairs)
+            for overrun in (0.0, 0.5) if not big else (0.0,):
+                policy = SweepPolicy(w_overrun=overrun, routing_rotation=rot)
+                name = (f"insert-into-{label}(overrun={overrun:g},rot={rot}"
+                        f"{',last-stage-pairs' if pairs else ''})")
+                inserted[name] = (into, policy, pairs)
+                if consider(sweep_schedule(job, routing(rot), policy, orders), name):
+                    return best
     # The ReCycle paper's construction: the planner is never behind it. Above the grid's size it
     # is skipped like the grid (it cost 1.9 of 7 s at 32 x 16 x 64 and never won there).
     if failed and not big and consider(paper_style_schedule(job, failed), "paper-style(1F1B,round-robin)"):
