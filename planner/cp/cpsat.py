@@ -45,6 +45,13 @@ SOLVER_OVERSHOOT = 0.1
 """Fraction of the solver's share also kept back: on a loaded 2-core box CP-SAT was seen to stop
 up to ~0.5 s (of 2 s) after its wall-time limit."""
 MIN_SOLVE_S = 0.05
+WALL_LIMITED_PARAMETERS: dict[str, Any] = {"subsolvers": ("no_lp",), "use_feasibility_pump": False}
+"""CP-SAT's portfolio in a wall-limited solve: the full-problem thread searches without the LP
+(`no_lp` instead of `default_lp`) and the feasibility pump is off. Both LP users ignore the wall
+limit while they set up: on a made-up 2 x 8 x 15 (720 ops, 420 route choices) `default_lp` spent
+6.9 s in its root propagation (83 ms of deterministic time) and the pump 6.2 s, so a full model
+given 4.5 s ran 8.0 s and its 10 s plan 14.3 s; with these two, 4.5 s (docs/benchmarks.md, "CP-SAT
+past its wall limit"). The LNS threads and the deterministic runs (one worker) keep the defaults."""
 
 
 def route_choices(job: JobSpec, failed: tuple[Worker, ...] | list) -> int:
@@ -146,11 +153,15 @@ def improve(
     if deterministic_time is None:
         params = {"num_workers": NUM_WORKERS, "random_seed": seed, "max_time_in_seconds": round(left, 3),
                   "log_search_progress": False}
+        params.update(WALL_LIMITED_PARAMETERS)
     else:
         params = {"num_workers": 1, "random_seed": seed, "max_deterministic_time": deterministic_time,
                   "max_time_in_seconds": time_limit_s, "log_search_progress": False}
     for name, value in params.items():
-        setattr(solver.parameters, name, value)
+        if isinstance(value, tuple):
+            getattr(solver.parameters, name).extend(value)
+        else:
+            setattr(solver.parameters, name, value)
     status = solver.Solve(model.cp)
     result = CpResult(
         ops=None, cp_status=solver.StatusName(status), model=label, bound_ms=0.0, wall_s=0.0,

@@ -246,6 +246,27 @@ def test_solver_parameters_are_recorded():
     assert res.parameters["time_units_per_ms"] == 100
 
 
+def test_wall_limited_solves_search_without_the_lp(monkeypatch):
+    """The LP's root propagation and the feasibility pump ignore the wall limit (a 4.5 s full
+    model ran 8 s), so a wall-limited solve hands CP-SAT `no_lp` as its full-problem subsolver and
+    no pump; a deterministic run keeps CP-SAT's default portfolio (reproducible plans)."""
+    from ortools.sat.python import cp_model
+
+    seen = []
+    solve = cp_model.CpSolver.Solve
+
+    def spy(self, model, *args, **kwargs):
+        seen.append((list(self.parameters.subsolvers), self.parameters.use_feasibility_pump))
+        return solve(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", spy)
+    _, _, res = run_cp(make_job(2, 2, 3), [(0, 0)], time_limit_s=3.0)
+    assert seen == [(["no_lp"], False)]
+    assert res.parameters["subsolvers"] == ("no_lp",) and res.parameters["use_feasibility_pump"] is False
+    _, _, res = run_cp(make_job(2, 2, 3), [(0, 0)], time_limit_s=3.0, deterministic_time=1.0)
+    assert seen[1] == ([], True) and "subsolvers" not in res.parameters
+
+
 def test_plan_with_cp_is_valid_and_not_worse_than_heuristic():
     job = make_job(3, 3, 4, forward_ms=1.0, backward_input_ms=1.2, backward_weight_ms=0.7)
     result = plan(job, [(2, 1)], time_limit_s=4.0)
