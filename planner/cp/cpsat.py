@@ -51,7 +51,8 @@ WALL_LIMITED_PARAMETERS: dict[str, Any] = {"subsolvers": ("no_lp",), "use_feasib
 limit while they set up: on a made-up 2 x 8 x 15 (720 ops, 420 route choices) `default_lp` spent
 6.9 s in its root propagation (83 ms of deterministic time) and the pump 6.2 s, so a full model
 given 4.5 s ran 8.0 s and its 10 s plan 14.3 s; with these two, 4.5 s (docs/benchmarks.md, "CP-SAT
-past its wall limit"). The LNS threads and the deterministic runs (one worker) keep the defaults."""
+past its wall limit"). CP-SAT's interleaved LNS thread, the sub-solves of planner/cp/lns.py and
+the deterministic runs (one worker: reproducible plans) keep CP-SAT's defaults."""
 
 
 def route_choices(job: JobSpec, failed: tuple[Worker, ...] | list) -> int:
