@@ -16,6 +16,7 @@ The default portfolio's LP set-up ignores the wall limit, which is what this mea
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -41,11 +42,14 @@ SIDES = (("default", {}), ("planner", PLANNER))
 def timed_improve(calls: list[tuple[float, float]]):
     """`cpsat.improve` wrapped to record (limit handed in, wall) of each call."""
     improve = cpsat.improve
+    signature = inspect.signature(improve)
 
     def wrapped(*args, **kwargs):
+        # Bound by name, so the record does not depend on how `planner.solve` passes the limit.
+        limit_s = signature.bind(*args, **kwargs).arguments["time_limit_s"]
         started = time.perf_counter()
         result = improve(*args, **kwargs)
-        calls.append((args[5], time.perf_counter() - started))
+        calls.append((limit_s, time.perf_counter() - started))
         return result
 
     return wrapped

@@ -65,6 +65,11 @@ MIXES_ALWAYS_MAX_OPS = 3_000
 MIX_LIST_POLICIES = 6
 """List policies tried on each mix whose `keep` comes from bound 4 (the grid's first, most often
 winning ones)."""
+NEAR_WHOLE_KEEPS = 4
+"""Mixes list-scheduled that keep all but one to this many of each damaged pipeline's micro-batches
+(made-up 6 x 7 x 19, stage 0 holding four of nineteen, a cross-pipeline hop 14 times the
+same-pipeline one; seed 88's three failure sets, 10 s plans 447.9 / 559.3 / 434.5 ms, where these
+list schedules alone reach 438.4 / 554.0 / 432.9: notes AY)."""
 FORWARD_YIELD_KEEPS = 4
 """Mixes list-scheduled with `Policy.forward_yield`: bound 4's share for the cut worker and the
 next few below it (made-up 4 x 2 x 21 with one stage-1 worker dead: bound 4's share is 20, the
@@ -438,6 +443,26 @@ def best_heuristic(
             if _beaten(job, mixed, best, failure_bound):
                 continue
             for policy in heuristic_policies(job)[:MIX_LIST_POLICIES]:
+                ops = list_schedule(job, mixed, policy)
+                if consider_list(ops, policy, mixed, f"mix(keep={keep})+{policy.name}"):
+                    return best
+        # Nearly whole: each damaged pipeline dissolves only a few micro-batches. Its survivors
+        # pay a cross-pipeline hop both ways on every round trip through its failed stage, which
+        # lengthens every round of a memory-paced loop above it; a few micro-batches moved whole
+        # to the healthy pipelines take rounds off that loop and add little to theirs (one more on
+        # n where n is not a multiple of the slots costs no extra round). Candidates for the
+        # routing search too (`consider_list`).
+        near = [keep for keep in range(M - 1, M - 1 - NEAR_WHOLE_KEEPS, -1) if keep > 0 and keep not in shared]
+        for keep in near if not big else ():
+            if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
+                break
+            mixed = mixed_routing(job, failed, keep)
+            if _beaten(job, mixed, best, failure_bound):
+                continue
+            policies = first_policies[:MIX_LIST_POLICIES] + [
+                replace(p, paced_stage=stage) for stage in memory_short_stages(job, mixed)
+                for p in first_policies[:PACED_LIST_POLICIES]]
+            for policy in policies:
                 ops = list_schedule(job, mixed, policy)
                 if consider_list(ops, policy, mixed, f"mix(keep={keep})+{policy.name}"):
                     return best

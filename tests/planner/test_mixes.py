@@ -106,3 +106,34 @@ def test_heuristic_budget_is_larger_where_cp_sat_cannot_build_the_full_model():
     result = plan(JobSpec.parse({**UNIT, "pipelines": 2, "stages": 2, "microbatches": 3}), [(0, 0)],
                   time_limit_s=2.0)
     assert result.stats.heuristic_budget_s == 1.0 and result.summary_json()["heuristic_budget_s"] == 1.0
+
+
+def test_a_nearly_whole_mix_reaches_the_bound_where_rerouting_does_not():
+    """2 x 4 x 5, the last stage of pipeline 0 dead: stage 3 is left to one worker for all ten
+    micro-batches, and each of pipeline 0's round trips crosses pipelines both ways there (2.77 ms
+    a hop against 0.27). Dissolving just one of pipeline 0's micro-batches (keep 4 of 5: it runs
+    on pipeline 1 at every stage) lets the list schedule reach the proven bound, 165.62 ms (bound
+    2: the stage-3 worker's round trip from stage 0); without the nearly-whole mixes the search's
+    best was the insertion into the fault-free plan, 168.12 ms (`NEAR_WHOLE_KEEPS`)."""
+    from planner.bounds import lower_bound
+    from planner.candidates import heuristic_policies
+    from planner.heuristic import list_schedule
+
+    job = JobSpec.parse({"pipelines": 2, "stages": 4, "microbatches": 5,
+                         "forward_ms": [3.4, 3.2, 3.8, 5.6], "backward_input_ms": [3.3, 3.2, 3.9, 5.1],
+                         "backward_weight_ms": [2.2, 2.1, 3.0, 3.4], "p2p_ms": 0.27,
+                         "cross_pipeline_p2p_ms": 2.77, "allreduce_ms": 15.2, "optimizer_ms": 1.8,
+                         "activation_mb": [2.7, 1.7, 1.7, 2.7],
+                         "activation_w_mb": [0.68, 0.42, 0.42, 0.68], "memory_limit_mb": 5.7})
+    failed = [(0, 3)]
+    bound = lower_bound(job, failed).value_ms
+    assert bound == pytest.approx(165.62)
+    mixed = mixed_routing(job, tuple(failed), 4)
+    assert mixed.load == [[4, 4, 4, 0], [6, 6, 6, 10]]
+    policy = next(p for p in heuristic_policies(job) if p.name == "W=yield0.5,feed,cap=S-s+0,rot=0")
+    mix = list_schedule(job, mixed, policy)
+    assert validate(job, failed, mix) == []
+    assert replay(job, mix).iteration_ms == pytest.approx(bound)
+    result = plan(job, failed, use_cp=False)
+    assert validate(job, failed, result.ops) == []
+    assert result.iteration_ms == pytest.approx(bound)
