@@ -452,7 +452,8 @@ def best_heuristic(
         # to the healthy pipelines take rounds off that loop and add little to theirs (one more on
         # n where n is not a multiple of the slots costs no extra round). Candidates for the
         # routing search too (`consider_list`).
-        near = [keep for keep in range(M - 1, M - 1 - NEAR_WHOLE_KEEPS, -1) if keep > 0 and keep not in shared]
+        near = [keep for keep in range(M - 1, M - 1 - NEAR_WHOLE_KEEPS, -1)
+                if keep > 0 and keep not in shared]
         for keep in near if not big else ():
             if job.op_count > MIXES_ALWAYS_MAX_OPS and time.perf_counter() - started > budget_s:
                 break
