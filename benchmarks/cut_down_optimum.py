@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/cut_down_optimum.py --seed 63 --job 1 --microbatches 6 9 12 [--time-limit 150]
                                           [--pattern stage]  (that failure set of the job)
+                                          [--symmetry per_home]  (the planner's own rule)
 
 Takes job `--job` of `benchmarks/gap_unseen.py --seed N` (the same draws), sets its micro-batches to
 each value of `--microbatches`, and gives CP-SAT's full model (`planner.cp.cpsat.improve`, seed 0)
@@ -10,6 +11,8 @@ each value of `--microbatches`, and gives CP-SAT's full model (`planner.cp.cpsat
 of one pipeline of the job (`planner.fault_free`); with it, the 10 s plan of that failure set.
 When CP-SAT proves its answer optimal, the row says how far the plan and the bound each are from
 the optimum: which of the two is loose on that job's profile (docs/notes/planner-issue8.md, AP).
+CP-SAT orders interchangeable micro-batches across homes by default (`--symmetry across_homes`:
+proofs far beyond the planner's per-home rule, docs/notes/cpsat.md).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=150.0, help="CP-SAT's wall limit per M (s)")
     parser.add_argument("--pattern", choices=("spread", "stage", "pipeline"),
                         help="plan this failure set of the job instead of one pipeline fault-free")
+    parser.add_argument("--symmetry", choices=("across_homes", "per_home"), default="across_homes",
+                        help="CP-SAT's symmetry rule (planner.cp.cpsat.improve)")
     args = parser.parse_args()
     job, sets = drawn(args.seed, args.job)
     if args.pattern is not None and args.pattern not in sets:
@@ -58,6 +63,7 @@ def main() -> int:
     base = single_pipeline(job) if args.pattern is None else job
     print(f"seed {args.seed} job {args.job}: {job.pipelines}x{job.stages}x{job.microbatches}, "
           f"{'one pipeline, fault-free' if args.pattern is None else f'{args.pattern} {list(failed)}'}")
+    print(f"CP-SAT's symmetry rule: {args.symmetry}")
     print("M | ops | plan | CP-SAT | status | bound | plan / CP-SAT | CP-SAT / bound | CP-SAT s")
     for m in args.microbatches:
         cut = JobSpec.parse({**base.filled(), "microbatches": m})
@@ -68,7 +74,8 @@ def main() -> int:
             result = plan(cut, failed, time_limit_s=10)
             ops, period, bound = list(result.ops), result.iteration_ms, result.lower_bound_ms
         started = time.perf_counter()
-        found = improve(cut, tuple(sorted(failed)), ops, period, bound, args.time_limit, 0)
+        found = improve(cut, tuple(sorted(failed)), ops, period, bound, args.time_limit, 0,
+                        symmetry=args.symmetry)
         wall = time.perf_counter() - started
         best = replay(cut, found.ops).iteration_ms if found.ops is not None else period
         print(f"{m} | {cut.op_count} | {period:.2f} | {best:.2f} | {found.cp_status} | {bound:.2f} | "

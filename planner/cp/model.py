@@ -13,10 +13,11 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ortools.sat.python import cp_model
 
-from planner.cp.orders import Retimed, healthy_pipelines
+from planner.cp.orders import Retimed
 from planner.cp.timing import MAX_UNITS, TimeScale
 from planner.precedence import BARRIER_SOURCE, Need, needs
 from planner.spec import JobSpec, Worker
@@ -150,8 +151,11 @@ class Model:
         return task.start[kind] + self.inst.duration[kind][task.key[2]]
 
 
-def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bool,
-          symmetry_breaking: bool = True) -> Model:
+SymmetryRule = Literal["none", "per_home", "across_homes"]
+"""Which interchangeable micro-batches `add_symmetry_breaking` orders (see its docstring)."""
+
+
+def build(inst: Instance, period_cap: int, period_floor: int, symmetry: SymmetryRule = "per_home") -> Model:
     model = Model(inst, cp_model.CpModel(), period_cap, min(period_floor, period_cap))
     model.horizon = inst.horizon(period_cap)
     add_tasks(model)
@@ -161,8 +165,8 @@ def build(inst: Instance, period_cap: int, period_floor: int, sort_pipelines: bo
     add_no_overlap(model)
     add_memory(model)
     add_period_objective(model)
-    if symmetry_breaking:
-        add_symmetry_breaking(model, sort_pipelines)
+    if symmetry != "none":
+        add_symmetry_breaking(model, across_homes=symmetry == "across_homes")
     return model
 
 
@@ -315,38 +319,36 @@ def add_period_objective(model: Model) -> None:
     cp.Minimize(model.period)
 
 
-def add_symmetry_breaking(model: Model, sort_pipelines: bool) -> None:
-    """Order interchangeable things; each rule keeps at least one optimal solution (see notes).
+def add_symmetry_breaking(model: Model, across_homes: bool) -> None:
+    """Order interchangeable micro-batches; this keeps at least one optimal solution (see notes).
 
-    1. Micro-batches of one home pipeline with the same candidate executors at every stage are
-       interchangeable (same durations, hops and memory): order their stage-0 F starts by index.
-       On one fixed worker the order is strict (they cannot overlap), so post it with F's length.
-    2. (`sort_pipelines`, full model only) healthy pipelines are interchangeable as a whole: order
-       them by how many re-routed micro-batches they take at the first failed stage.
+    A micro-batch's label enters no rule but coverage: any alive same-stage peer may serve it
+    (rule 1), and durations, hops and memory depend on the stage and the executors, never on the
+    home pipeline. So micro-batches with the same candidate executors at every stage are
+    interchangeable: order their stage-0 F starts in label order, within one home pipeline or
+    (`across_homes`) whatever their homes, which in the full model is all D x M of them. On one
+    fixed worker the order is strict (they cannot overlap), so post it with F's length.
+    Across homes proves far more (a 3 x 2 x 6 optimum in 28 s, unproven in 120 s per home) but
+    finds worse plans in a few seconds (docs/notes/cpsat.md), so the planner orders per home.
     """
     cp, inst = model.cp, model.inst
     job = inst.job
-    classes: dict[tuple, list[int]] = defaultdict(list)
+    classes: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for p in range(job.pipelines):
         for m in range(job.microbatches):
-            signature = tuple(inst.routes[(p, m, s)] for s in range(job.stages))
-            classes[(p, signature)].append(m)
-    for (p, signature), members in classes.items():
-        gap = inst.duration["F"][0] if len(signature[0]) == 1 else 0
+            classes[symmetry_class(inst.routes, p, m, job.stages, across_homes)].append((p, m))
+    for key, members in classes.items():
+        gap = inst.duration["F"][0] if len(key[-1][0]) == 1 else 0
         for a, b in zip(members, members[1:], strict=False):
-            cp.Add(model.tasks[(p, b, 0)].start["F"] >= model.tasks[(p, a, 0)].start["F"] + gap)
-    if not (sort_pipelines and inst.failed):
-        return
-    stage = min(s for _, s in inst.failed)
-    load: dict[int, list] = defaultdict(list)
-    for (home, _, s), task in model.tasks.items():
-        if s == stage:
-            for q, lit in task.choice.items():
-                if lit is not None and q != home:
-                    load[q].append(lit)
-    healthy = healthy_pipelines(job, inst.failed)
-    for a, b in zip(healthy, healthy[1:], strict=False):
-        cp.Add(sum(load[a]) >= sum(load[b]))
+            cp.Add(model.tasks[(*b, 0)].start["F"] >= model.tasks[(*a, 0)].start["F"] + gap)
+
+
+def symmetry_class(routes: dict[TaskKey, tuple[int, ...]], p: int, m: int, stages: int,
+                   across_homes: bool) -> tuple:
+    """A micro-batch's class: its candidate executors at every stage, and its home unless
+    `across_homes` (the last element is always the route signature)."""
+    signature = tuple(routes[(p, m, s)] for s in range(stages))
+    return (signature,) if across_homes else (p, signature)
 
 
 # -------------------------------------------------------------------------------------- warm start

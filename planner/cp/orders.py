@@ -114,54 +114,19 @@ def steady_state(job: JobSpec, orders: Orders, period_ms: float, iterations: int
     )
 
 
-def healthy_pipelines(job: JobSpec, failed: Sequence[Worker]) -> list[int]:
-    damaged = {p for p, _ in failed}
-    return [p for p in range(job.pipelines) if p not in damaged]
-
-
-def rerouted_load(ops: Sequence[Op], stage: int) -> dict[int, int]:
-    """How many foreign micro-batches each pipeline's worker of `stage` runs."""
-    load: dict[int, int] = defaultdict(int)
-    for o in ops:
-        if o.kind == "F" and o.worker[1] == stage and o.microbatch[0] != o.worker[0]:
-            load[o.worker[0]] += 1
-    return load
-
-
-def relabel(
-    job: JobSpec,
-    failed: Sequence[Worker],
-    ops: Sequence[Op],
-    sort_pipelines: bool,
-    same_class: Callable[[int, int], Hashable],
-) -> list[Op]:
-    """The same plan with labels permuted into the form the model's symmetry breaking demands.
-
-    1. (if `sort_pipelines`) healthy pipelines renumbered so that their re-routed load at the first
-       failed stage does not increase with the index;
-    2. within each class `same_class(home, m)` of one home pipeline, micro-batch indices reassigned
-       in the order of their stage-0 forward starts.
-    Both are relabellings of identical things, so validity and period are unchanged.
-    """
-    perm = {p: p for p in range(job.pipelines)}
-    if sort_pipelines and failed:
-        healthy = healthy_pipelines(job, failed)
-        load = rerouted_load(ops, min(s for _, s in failed))
-        for new, old in zip(healthy, sorted(healthy, key=lambda q: (-load[q], q)), strict=True):
-            perm[old] = new
+def relabel(ops: Sequence[Op], same_class: Callable[[int, int], Hashable]) -> list[Op]:
+    """The same plan with micro-batch labels permuted into the form the model's symmetry breaking
+    demands: within each class `same_class(home, m)` (across homes), the labels in (home, index)
+    order go to the micro-batches in the order of their stage-0 forward starts. A label enters no
+    rule but coverage, so validity and period are unchanged."""
     first_f = {o.microbatch: o.start_ms for o in ops if o.kind == "F" and o.worker[1] == 0}
-    groups: dict[tuple[int, Hashable], list[int]] = defaultdict(list)
-    for home in range(job.pipelines):
-        for m in range(job.microbatches):
-            groups[(home, same_class(home, m))].append(m)
-    new_index: dict[tuple[int, int], int] = {}
-    for (home, _), members in groups.items():
-        by_start = sorted(members, key=lambda m: (first_f[(home, m)], m))
-        for label, m in zip(members, by_start, strict=True):
-            new_index[(home, m)] = label
+    groups: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
+    for label in sorted(first_f):
+        groups[same_class(*label)].append(label)
+    new_label: dict[tuple[int, int], tuple[int, int]] = {}
+    for members in groups.values():
+        by_start = sorted(members, key=lambda label: (first_f[label], label))
+        new_label.update(zip(by_start, members, strict=True))
+    return [Op(o.worker, o.kind, None if o.microbatch is None else new_label[o.microbatch],
+               o.start_ms, o.end_ms) for o in ops]
 
-    def mb(x: tuple[int, int] | None) -> tuple[int, int] | None:
-        return None if x is None else (perm[x[0]], new_index[x])
-
-    return [Op((perm[o.worker[0]], o.worker[1]), o.kind, mb(o.microbatch), o.start_ms, o.end_ms)
-            for o in ops]

@@ -179,13 +179,62 @@ def test_improve_never_worse_never_invalid(failed):
     assert res.bound_ms - 1e-6 <= res.period_ms < period
 
 
-def test_symmetry_breaking_keeps_the_optimum():
-    """The symmetry rules only order interchangeable things, so the proven optimum is the same."""
-    job = make_job(3, 2, 2)
-    _, _, with_sb = run_cp(job, [(0, 1)], bound=False)
-    _, _, without = run_cp(job, [(0, 1)], bound=False, symmetry_breaking=False)
+SYMMETRY_CASES = [
+    ((3, 2, 2, {}), [(0, 1)]),
+    ((3, 2, 2, {"memory_limit_mb": 2.0}), [(0, 0)]),
+    ((2, 2, 3, {"memory_limit_mb": 2.0, "forward_ms": 1.5, "backward_weight_ms": 0.5}), [(1, 0)]),
+    ((3, 2, 3, {"memory_limit_mb": 2.0, "forward_ms": 2.0, "backward_input_ms": 1.5}), [(0, 0)]),
+    ((2, 3, 2, {"cross_pipeline_p2p_ms": 0.25}), [(0, 1)]),
+]
+
+
+@pytest.mark.parametrize("rule", ["per_home", "across_homes"])
+@pytest.mark.parametrize(("shape", "failed"), SYMMETRY_CASES)
+def test_symmetry_breaking_keeps_the_optimum(shape, failed, rule):
+    """The rules only order interchangeable micro-batches (across homes: all of them in the full
+    model), so the proven optimum must be the one found with no symmetry breaking at all. The cases
+    have two or three alive stage-0 workers (the order is not strict there) and tight memory."""
+    d, s, m, over = shape
+    job = make_job(d, s, m, **over)
+    _, _, with_sb = run_cp(job, failed, bound=False, symmetry=rule)
+    _, _, without = run_cp(job, failed, bound=False, symmetry="none")
     assert with_sb.cp_status == without.cp_status == "OPTIMAL"
     assert with_sb.objective_ms == pytest.approx(without.objective_ms)
+
+
+def test_the_cap_admits_a_hint_whose_span_is_above_its_period():
+    """Where the replay settles into iterations of unequal length, the period (their mean) is below
+    the least single-iteration span, and a cap at the period would make the hint infeasible. Here
+    the period handed in is 1 ms below the single worker's hand-worked optimum, 6M + 9 = 27 ms
+    (test above): the model must still start from the hint and prove 27, not report INFEASIBLE."""
+    job = make_job(1, 1, 3, forward_ms=1, backward_input_ms=2, backward_weight_ms=3,
+                   allreduce_ms=4, optimizer_ms=5)
+    failed = normalize(job, ()).failed
+    ops, period, _ = best_heuristic(job, failed)
+    assert period == pytest.approx(27.0)
+    res = cpsat.improve(job, failed, ops, period - 1.0, 0.0, 20.0, seed=0)
+    assert res.cp_status == "OPTIMAL"
+    assert res.objective_ms == pytest.approx(27.0)
+
+
+def test_unknown_symmetry_rule_is_named():
+    job = make_job(2, 2, 2)
+    with pytest.raises(ValueError, match="symmetry: 'homes'"):
+        run_cp(job, [(0, 1)], symmetry="homes")
+
+
+def test_relabel_orders_stage0_forwards_across_homes():
+    """The hint must satisfy the model's symmetry rule: after `relabel` with one class, labels in
+    (home, index) order have non-decreasing stage-0 F starts, whatever the homes were."""
+    job = make_job(3, 2, 3)
+    failed = normalize(job, [(0, 0)]).failed
+    ops, period, _ = best_heuristic(job, failed)
+    moved = relabel(ops, same_class=lambda p, m: None)
+    starts = sorted((o.microbatch, o.start_ms) for o in moved if o.kind == "F" and o.worker[1] == 0)
+    assert [t for _, t in starts] == sorted(t for _, t in starts)
+    assert len({o.microbatch for o in moved if o.kind == "F"}) == 9
+    assert not validate(job, failed, moved)
+    assert replay(job, moved).iteration_ms == pytest.approx(period)
 
 
 def test_restricted_model_reports_no_global_bound(monkeypatch):
@@ -283,7 +332,7 @@ def test_relabel_and_steady_state_keep_validity_and_period():
     job = make_job(3, 3, 3)
     failed = normalize(job, [(1, 2)]).failed
     ops, period, _ = best_heuristic(job, failed)
-    moved = relabel(job, failed, ops, sort_pipelines=True, same_class=lambda p, m: p)
+    moved = relabel(ops, same_class=lambda p, m: None)
     assert not validate(job, failed, moved)
     assert replay(job, moved).iteration_ms == pytest.approx(period)
     warm = steady_state(job, orders_of(moved), period)
