@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from planner.cp.orders import Retimed, relabel, retime, steady_state
 from planner.cp.timing import choose_scale
@@ -36,9 +36,11 @@ searched (it returned the hint or nothing); at 500-1,000 choices, 0.3-2.7 s (doc
 RESTRICTED_MAX_OPS = 15_000
 """Up to this many the routing-fixed model is built; above, building alone would eat the budget."""
 NUM_WORKERS = 2
-SYMMETRY_RULES = ("per_home", "across_homes", "none")
-"""`improve`'s symmetry rules (planner.cp.model.SymmetryRule; the model is imported lazily)."""
 """CP-SAT search workers: the planning service runs on 2-core machines."""
+SymmetryRule = Literal["per_home", "across_homes", "none"]
+"""Which interchangeable micro-batches the model orders (`model.add_symmetry_breaking`); defined
+here, not in the model, so that `improve` checks it without loading OR-Tools."""
+SYMMETRY_RULES: tuple[str, ...] = get_args(SymmetryRule)
 EXTRACT_RESERVE_S = 0.1
 EXTRACT_RESERVE_PER_OP_S = 2e-5
 """Time kept back from the solver for reading the solution, re-timing, replaying and validating it
@@ -115,7 +117,7 @@ def improve(
     time_limit_s: float,
     seed: int,
     *,
-    symmetry: str = "per_home",
+    symmetry: SymmetryRule = "per_home",
     deterministic_time: float | None = None,
     fixed_routing: bool = False,
 ) -> CpResult:

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from ortools.sat.python import cp_model
 
@@ -22,6 +22,9 @@ from planner.cp.timing import MAX_UNITS, TimeScale
 from planner.precedence import BARRIER_SOURCE, Need, needs
 from planner.spec import JobSpec, Worker
 from planner.timeline import COMPUTE_KINDS
+
+if TYPE_CHECKING:
+    from planner.cp.cpsat import SymmetryRule
 
 TaskKey = tuple[int, int, int]
 """(home pipeline, micro-batch index, stage)."""
@@ -149,10 +152,6 @@ class Model:
 
     def end(self, task: Task, kind: str) -> cp_model.LinearExpr:
         return task.start[kind] + self.inst.duration[kind][task.key[2]]
-
-
-SymmetryRule = Literal["none", "per_home", "across_homes"]
-"""Which interchangeable micro-batches `add_symmetry_breaking` orders (see its docstring)."""
 
 
 def build(inst: Instance, period_cap: int, period_floor: int, symmetry: SymmetryRule = "per_home") -> Model:
@@ -337,8 +336,8 @@ def add_symmetry_breaking(model: Model, across_homes: bool) -> None:
     for p in range(job.pipelines):
         for m in range(job.microbatches):
             classes[symmetry_class(inst.routes, p, m, job.stages, across_homes)].append((p, m))
-    for key, members in classes.items():
-        gap = inst.duration["F"][0] if len(key[-1][0]) == 1 else 0
+    for members in classes.values():
+        gap = inst.duration["F"][0] if len(inst.routes[(*members[0], 0)]) == 1 else 0
         for a, b in zip(members, members[1:], strict=False):
             cp.Add(model.tasks[(*b, 0)].start["F"] >= model.tasks[(*a, 0)].start["F"] + gap)
 
@@ -346,7 +345,7 @@ def add_symmetry_breaking(model: Model, across_homes: bool) -> None:
 def symmetry_class(routes: dict[TaskKey, tuple[int, ...]], p: int, m: int, stages: int,
                    across_homes: bool) -> tuple:
     """A micro-batch's class: its candidate executors at every stage, and its home unless
-    `across_homes` (the last element is always the route signature)."""
+    `across_homes`."""
     signature = tuple(routes[(p, m, s)] for s in range(stages))
     return (signature,) if across_homes else (p, signature)
 

@@ -129,4 +129,3 @@ def relabel(ops: Sequence[Op], same_class: Callable[[int, int], Hashable]) -> li
         new_label.update(zip(by_start, members, strict=True))
     return [Op(o.worker, o.kind, None if o.microbatch is None else new_label[o.microbatch],
                o.start_ms, o.end_ms) for o in ops]
-
