@@ -77,6 +77,10 @@ one iteration, because it starts iteration i+1 only after its own optimizer step
    pipeline serves below avoid the cross-pipeline hops, and that pipeline's workers take only so
    many; 6's inequalities, chained with every slow one's release later, give an LP over which of
    them the plan can dodge.
+13. Memory tokens queued at a stage below (`planner.bounds_tokens`): stage s's workers hold at most
+   alive_s x k_s micro-batches between F start and B end, and each needs a stage-j worker for its F
+   and B; where the tokens come back faster than stage j serves them, they wait there (at the start
+   of the iteration above all), and the next micro-batch of each token starts later.
 """
 
 from __future__ import annotations
@@ -379,12 +383,16 @@ def lower_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker],
     from planner.bounds_priced import priced_round_trip_bound  # it builds on bound 6's recurrence
 
     priced = priced_round_trip_bound(job, failed, floor_ms=best.value_ms)
-    return priced if priced.value_ms > best.value_ms else best
+    best = priced if priced.value_ms > best.value_ms else best
+    from planner.bounds_tokens import token_queue_bound  # it builds on bound 3's holds
+
+    tokens = token_queue_bound(job, failed)
+    return tokens if tokens.value_ms > best.value_ms else best
 
 
 def routing_bound(job: JobSpec, busiest: list[int], failure_bound_ms: float) -> float:
     """`lower_bound(job, failed, busiest=busiest).value_ms` for a routing of the failure set whose
-    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-12 again: those do not
+    bound is `failure_bound_ms` (`lower_bound(job, failed)`), without bounds 4-13 again: those do not
     depend on the loads, and `busiest` is at least the default n_s at every stage, where bounds 1-3
     only grow, so the largest of the routing's bounds 1-3 and the failure set's bound is the same
     number (`candidates._beaten` asks for it once per candidate routing: 0.8 of a 4.3 s solve of
