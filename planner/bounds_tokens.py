@@ -9,10 +9,11 @@ the queue.
 
 Times from E, the start of stage s's window (every op of this iteration at stage s starts >= E; the
 window ends at A with A + AR_s + OPT_s <= E + P, rule 5). With the least hops (`stage_hops`):
-lead = F_s + the F's between s and j + the hops down, back = the B's between + the hops up + B_s,
-sigma = F_j + B_j, tau = F_j + chain_j + B_j (the least F_j start -> B_j end). Number this
-iteration's micro-batches by their F start at stage j, f_1 <= f_2 <= ... <= f_N (N = D x M), and
-let g_(i) be the i-th smallest of their B_j ends.
+lead = F_s + the F's between s and j + the hops down, back = the B's between + the hops up + B_s
+(bound 2's way there and back, `bounds_late.way_there_and_back`), sigma = F_j + B_j,
+tau = F_j + chain_j + B_j (the least F_j start -> B_j end). Number this iteration's micro-batches
+by their F start at stage j, f_1 <= f_2 <= ... <= f_N (N = D x M), and let g_(i) be the i-th
+smallest of their B_j ends.
 
 - Stage s runs its F's one at a time on each worker: of the i micro-batches that reach stage j
   first, some stage-s worker started ceil(i / alive_s) of them, the last >= E + (ceil(i / alive_s)
@@ -43,6 +44,7 @@ j, and bound 6's per-worker recurrence is then usually the larger.
 from __future__ import annotations
 
 from planner.bounds import Bound, alive_per_stage, chain_below, holds, stage_hops
+from planner.bounds_late import way_there_and_back
 from planner.spec import JobSpec, StageCosts, Worker
 
 STEP_BUDGET = 400_000
@@ -66,13 +68,12 @@ def token_queue_bound(job: JobSpec, failed: tuple[Worker, ...] | list[Worker]) -
         tokens = alive[s] * holds(costs, s, -(-total // alive[s]))
         if tokens >= total:
             continue  # every micro-batch can hold a token at once: nothing waits for one
+        tail = costs.backward_weight[s] + costs.allreduce[s] + costs.optimizer[s]
         for j in sorted(range(s + 1, S), key=lambda t: -_served(costs, t) / alive[t]):
             steps += total
             if steps > STEP_BUDGET:
                 return best
-            last_b_end = _least_last_b_end(costs, hop, s, j, alive[s], alive[j], tokens, total)
-            tail = costs.backward_weight[s] + costs.allreduce[s] + costs.optimizer[s]
-            value = last_b_end + _back(costs, hop, s, j) + tail
+            value = _least_last_b_end(costs, hop, s, j, alive[s], alive[j], tokens, total) + tail
             if value > best.value_ms:
                 best = Bound(value, f"memory tokens of stage {s} ({tokens}) queued at stage {j} "
                                     f"({alive[j]} workers)")
@@ -84,20 +85,11 @@ def _served(costs: StageCosts, j: int) -> float:
     return costs.forward[j] + costs.backward_input[j]
 
 
-def _lead(costs: StageCosts, hop: list[float], s: int, j: int) -> float:
-    """The least time from a micro-batch's F start at stage s to its F start at stage j."""
-    return sum(costs.forward[s:j]) + sum(hop[s:j])
-
-
-def _back(costs: StageCosts, hop: list[float], s: int, j: int) -> float:
-    """The least time from a micro-batch's B end at stage j to its B end at stage s."""
-    return sum(costs.backward_input[s:j]) + sum(hop[s:j])
-
-
 def _least_last_b_end(costs: StageCosts, hop: list[float], s: int, j: int, alive_s: int,
                       alive_j: int, tokens: int, total: int) -> float:
-    """g_(N) of the module docstring: the least last B end at stage j, from E."""
-    lead, back = _lead(costs, hop, s, j), _back(costs, hop, s, j)
+    """g_(N) + back of the module docstring: the least B end at stage s of the micro-batch that
+    leaves stage j last, from E."""
+    lead, back = way_there_and_back(costs, hop, s, j)
     f_s, f_j = costs.forward[s], costs.forward[j]
     sigma = _served(costs, j)
     tau = f_j + chain_below(costs, hop, j) + costs.backward_input[j]
@@ -119,4 +111,4 @@ def _least_last_b_end(costs: StageCosts, hop: list[float], s: int, j: int, alive
         best_r[rho] = max(best_r[rho], start - i * rate)
         queue = max(queue, best_r[rho] + i * rate)
         b_ends[i] = max(start + tau, queue + sigma, b_ends[i - 1])
-    return b_ends[total]
+    return b_ends[total] + back
